@@ -1,0 +1,164 @@
+"""The implementation registry: what each backend implementation declares, and the one
+function that decides whether it may serve a call (used by dispatch, explain, lint, tuner)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opcontract.contracts.schema import Contract, ReductionPlan
+
+BACKENDS = ("torch", "triton", "cute")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where a call runs. ``capability`` is (major, minor) for CUDA devices, else None."""
+
+    type: str
+    capability: tuple[int, int] | None = None
+    name: str = ""
+
+    def __str__(self) -> str:
+        if self.type == "cuda":
+            return f"{self.name or 'cuda'} (SM{self.capability[0]}{self.capability[1]})"
+        return self.type
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """What selection needs to know about a validated call."""
+
+    device: DeviceInfo
+    dtype: str
+    sizes: Mapping[str, int]
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of one op, with everything it promises about its numerics.
+
+    ``run(config, **inputs, **params)`` computes the op. ``config`` is a dict over
+    ``config_space``; ``default_config(call)`` gives the canonical config for a call.
+    """
+
+    op: str
+    backend: str
+    name: str
+    run: Callable[..., Any]
+    devices: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    plan: Mapping[str, ReductionPlan]
+    invariances: tuple[str, ...]
+    features: tuple[str, ...] = ()
+    capability: tuple[tuple[int, int], tuple[int, int]] | None = None
+    config_space: Mapping[str, tuple] = field(default_factory=dict)
+    default_config: Callable[[CallInfo], dict] = lambda call: {}
+    available: Callable[[], str | None] = lambda: None
+    device_check: Callable[[DeviceInfo], str | None] = lambda device: None
+    priority: Mapping[str, int] = field(default_factory=dict)
+    relaxed_only: bool = False
+    summary: str = ""
+    source: tuple[str, int] = ("<unknown>", 0)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"{self.name}: backend must be one of {BACKENDS}, got {self.backend!r}"
+            )
+
+
+_REGISTRY: dict[str, Implementation] = {}
+
+
+def register(**kwargs: Any) -> Implementation:
+    """Register an implementation (see :class:`Implementation` for the fields)."""
+    frame = inspect.stack()[1]
+    impl = Implementation(**kwargs, source=(frame.filename, frame.lineno))
+    if impl.name in _REGISTRY and _REGISTRY[impl.name].source != impl.source:
+        raise ValueError(f"implementation name '{impl.name}' registered twice")
+    _REGISTRY[impl.name] = impl
+    return impl
+
+
+def implementations(op: str | None = None) -> list[Implementation]:
+    """Registered implementations (of one op, or all), in registration order."""
+    from opcontract import backends
+
+    backends.load()
+    return [i for i in _REGISTRY.values() if op is None or i.op == op]
+
+
+def declaration_problems(impl: Implementation, contract: Contract) -> list[str]:
+    """Ways the implementation's declaration falls short of the contract (empty: conforms)."""
+    out: list[str] = []
+    served = contract.float_dtypes()
+    for dt in impl.dtypes:
+        if dt not in served:
+            out.append(f"declares dtype {dt}, which the contract does not serve")
+    for name, red in contract.reductions.items():
+        p = impl.plan.get(name)
+        if p is None:
+            out.append(f"declares no plan for reduction '{name}'")
+            continue
+        if p.accumulate != red.accumulate:
+            out.append(
+                f"reduction '{name}' accumulates in {p.accumulate}, contract needs {red.accumulate}"
+            )
+        if p.block == "library" or p.order == "library" or p.split == "library":
+            out.append(
+                f"reduction '{name}' runs in a library-chosen order (contract: ascending blocks)"
+            )
+        elif red.block != "impl" and p.block != red.block:
+            out.append(f"reduction '{name}' uses block {p.block}, contract pins {red.block}")
+        if p.merge != red.merge:
+            out.append(f"reduction '{name}' merges with {p.merge}, contract needs {red.merge}")
+        if red.split == "none" and p.split == "fixed_blocks":
+            out.append(
+                f"reduction '{name}' splits into parallel partials, contract forbids a split"
+            )
+    for name in impl.plan:
+        if name not in contract.reductions:
+            out.append(f"declares a plan for unknown reduction '{name}'")
+    for inv in contract.invariance:
+        if inv not in impl.invariances:
+            out.append(f"does not guarantee '{inv}' invariance")
+    for feat in impl.features:
+        if feat in contract.forbid:
+            out.append(f"uses forbidden feature '{feat}'")
+    return out
+
+
+def rejection(impl: Implementation, contract: Contract, call: CallInfo, mode: str) -> str | None:
+    """Why ``impl`` may not serve ``call`` under ``mode``; None when it may.
+
+    The single statement of an implementation's constraint set.
+    """
+    why = impl.available()
+    if why:
+        return why
+    dev = call.device
+    if dev.type not in impl.devices:
+        return f"runs on {', '.join(impl.devices)}, not {dev.type}"
+    if dev.type == "cuda" and impl.capability is not None:
+        lo, hi = impl.capability
+        if not (lo <= dev.capability <= hi):
+            return (
+                f"needs compute capability SM{lo[0]}{lo[1]} to SM{hi[0]}{hi[1]}, "
+                f"this GPU is SM{dev.capability[0]}{dev.capability[1]}"
+            )
+    why = impl.device_check(dev)
+    if why:
+        return why
+    if call.dtype not in impl.dtypes:
+        return f"serves {', '.join(impl.dtypes)}, not {call.dtype}"
+    if mode == "strict":
+        problems = declaration_problems(impl, contract)
+        if impl.relaxed_only and not problems:
+            problems = ["is registered for relaxed mode only"]
+        if problems:
+            return "does not satisfy the contract: " + "; ".join(problems)
+    return None

@@ -1,0 +1,1 @@
+"""Torch backend: float64 oracles, portable strict implementations, and stock baselines."""

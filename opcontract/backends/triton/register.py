@@ -1,0 +1,40 @@
+"""Registrations of the Triton backend's implementations. Importing this never imports Triton."""
+
+from __future__ import annotations
+
+from opcontract.backends.registry import register
+from opcontract.backends.triton import device_reason, missing_library
+from opcontract.backends.triton import softcap_logprob as slp
+from opcontract.contracts.schema import ReductionPlan
+
+
+def _run_softcap_logprob(config, **kw):
+    return slp.softcap_logprob_forward(**kw, config=config)
+
+
+register(
+    op="softcap_logprob",
+    backend="triton",
+    name="triton.fused",
+    run=_run_softcap_logprob,
+    devices=("cuda", "cpu"),
+    capability=((8, 0), (12, 1)),
+    dtypes=("bfloat16", "float16", "float32"),
+    plan={
+        "gemm_k": ReductionPlan(accumulate="float32", block=slp.BLOCK_K),
+        "vocab_lse": ReductionPlan(
+            accumulate="float32",
+            block=slp.BLOCK_V,
+            merge="online_max_rescale",
+            split="fixed_blocks",
+        ),
+    },
+    invariances=("run_to_run", "batch"),
+    features=("approx_transcendentals",),
+    config_space=slp.CONFIG_SPACE,
+    default_config=lambda call: slp.default_config(call.dtype),
+    available=missing_library,
+    device_check=device_reason,
+    priority={"cuda": 20, "cpu": 5},
+    summary="one fused GEMM + soft cap + per-block logsumexp kernel, then an ordered merge",
+)

@@ -1,0 +1,107 @@
+"""Host wrapper of the Triton softcap_logprob forward: shapes, buffers, grids."""
+
+from __future__ import annotations
+
+import torch
+
+from opcontract.backends.triton import interpreting
+
+BLOCK_V = 256  # the contract's vocab_lse block: one partial per 256 columns
+BLOCK_K = 64  # gemm_k block, declared in the plan
+
+DEFAULT_CONFIG = {
+    "bfloat16": {"block_t": 128, "group_t": 8, "num_warps": 8, "num_stages": 3},
+    "float16": {"block_t": 128, "group_t": 8, "num_warps": 8, "num_stages": 3},
+    "float32": {"block_t": 64, "group_t": 8, "num_warps": 8, "num_stages": 2},
+}
+# Under the interpreter each K block is an explicit [block_t, 256, 64] product, capped
+# at 2**20 elements by Triton: smaller row tiles there (block_t never changes a row's bits).
+INTERPRETER_BLOCK_T = 32
+
+CONFIG_SPACE = {
+    "block_t": (64, 128),
+    "group_t": (1, 4, 8, 16),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+}
+
+
+def default_config(dtype: str) -> dict:
+    cfg = dict(DEFAULT_CONFIG[dtype])
+    if interpreting():
+        cfg["block_t"] = INTERPRETER_BLOCK_T
+    return cfg
+
+
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def softcap_logprob_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    multiplier: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    config: dict | None = None,
+) -> torch.Tensor:
+    from opcontract.backends.triton.softcap_logprob_kernels import _merge_kernel, _partials_kernel
+
+    cfg = default_config(str(hidden.dtype).removeprefix("torch."))
+    cfg.update(config or {})
+    T, H = hidden.shape
+    V = weight.shape[0]
+    out = torch.empty(T, dtype=torch.float32, device=hidden.device)
+    if T == 0:
+        return out
+    hidden = _rows_contiguous(hidden)
+    weight = _rows_contiguous(weight)
+    targets = targets.contiguous()
+    n_blocks = triton_cdiv(V, BLOCK_V)
+    pmax = torch.empty((n_blocks, T), dtype=torch.float32, device=hidden.device)
+    psum = torch.empty_like(pmax)
+    z_t = torch.empty(T, dtype=torch.float32, device=hidden.device)
+    grid = (triton_cdiv(T, cfg["block_t"]) * n_blocks,)
+    _partials_kernel[grid](
+        hidden,
+        weight,
+        targets,
+        pmax,
+        psum,
+        z_t,
+        T,
+        V,
+        H,
+        hidden.stride(0),
+        weight.stride(0),
+        float(multiplier),
+        float(softcap) if softcap is not None else 1.0,
+        HAS_CAP=softcap is not None,
+        INTERPRET=interpreting(),
+        EVEN_K=H % BLOCK_K == 0,
+        BLOCK_T=cfg["block_t"],
+        BLOCK_V=BLOCK_V,
+        BLOCK_K=BLOCK_K,
+        GROUP_T=cfg["group_t"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    block_r = 128
+    _merge_kernel[(triton_cdiv(T, block_r),)](
+        pmax,
+        psum,
+        z_t,
+        targets,
+        out,
+        T,
+        n_blocks,
+        int(ignore_index),
+        BLOCK_R=block_r,
+    )
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

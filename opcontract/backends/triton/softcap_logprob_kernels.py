@@ -1,0 +1,144 @@
+"""Triton kernels of softcap_logprob's forward.
+
+Two launches. ``_partials_kernel`` computes, for one tile of BLOCK_T rows and one
+vocabulary block of BLOCK_V columns, the float32 logits (K loop in ascending blocks of
+BLOCK_K into one float32 accumulator), the multiplier and soft cap in float32, and the
+row partials of the block: max, sum of exp(z - max), and z at the target when the target
+falls in the block. ``_merge_kernel`` walks the blocks of each row in ascending order.
+
+Every reduction's order is fixed by BLOCK_K, BLOCK_V and num_warps, never by T or by a
+row's position: a row's bits are the same in any batch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tanh(x):
+    # float32 tanh without libdevice (the interpreter lacks it). |x| < 0.625: odd minimax
+    # polynomial (Cephes tanhf); else 1 - 2/(exp(2|x|) + 1) with the sign restored.
+    # |x| is clamped at 15, where tanh already rounds to 1 in float32.
+    ax = tl.minimum(tl.abs(x), 15.0)
+    x2 = x * x
+    p = x2 * -5.70498872745e-3 + 2.06390887954e-2
+    p = p * x2 - 5.37397155531e-2
+    p = p * x2 + 1.33314422036e-1
+    p = p * x2 - 3.33332819422e-1
+    small = x + x * x2 * p
+    big = 1.0 - tl.math.div_rn(2.0, tl.exp(2.0 * ax) + 1.0)
+    big = tl.where(x < 0, -big, big)
+    return tl.where(ax < 0.625, small, big)
+
+
+@triton.jit
+def _partials_kernel(
+    h_ptr,
+    w_ptr,
+    t_ptr,
+    pmax_ptr,
+    psum_ptr,
+    zt_ptr,
+    T,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    multiplier,
+    softcap,
+    HAS_CAP: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_T: tl.constexpr,
+):
+    # Grouped launch order (GROUP_T row tiles share each weight block in L2): it decides
+    # when a tile runs, never what it computes.
+    pid = tl.program_id(0)
+    n_t = tl.cdiv(T, BLOCK_T)
+    n_v = tl.cdiv(V, BLOCK_V)
+    per_group = GROUP_T * n_v
+    t_first = (pid // per_group) * GROUP_T
+    group_rows = tl.minimum(n_t - t_first, GROUP_T)
+    pid_t = t_first + (pid % per_group) % group_rows
+    pid_v = (pid % per_group) // group_rows
+
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < T
+    col_ok = cols < V
+    # Out-of-range rows/columns read a valid row instead of masking; their results are
+    # discarded, and no valid row or column ever reads them.
+    h_ptrs = h_ptr + (rows % T).to(tl.int64)[:, None] * stride_h + ks[None, :]
+    w_ptrs = w_ptr + (cols % V).to(tl.int64)[:, None] * stride_w + ks[None, :]
+
+    acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks, one float32 accumulator
+        if EVEN_K:
+            a = tl.load(h_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_ok = (k0 + ks) < H
+            a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        if INTERPRET:
+            # The interpreter's tl.dot is numpy's matmul, whose per-row order depends on the
+            # row's place in the tile; an elementwise product and a sum over the K block
+            # treat every row alike. Float32 first: the interpreter can't do bf16 arithmetic.
+            prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+            acc += tl.sum(prod, axis=2)
+        else:
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    y = acc * multiplier
+    if HAS_CAP:
+        z = softcap * _tanh(tl.math.div_rn(y, softcap))
+    else:
+        z = y
+    z = tl.where(col_ok[None, :], z, float("-inf"))
+    m = tl.max(z, axis=1)
+    s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+    part = pid_v.to(tl.int64) * T + rows
+    tl.store(pmax_ptr + part, m, mask=row_ok)
+    tl.store(psum_ptr + part, s, mask=row_ok)
+
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=-1)
+    z_t = tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)  # one term: exact
+    in_block = (tgt >= pid_v * BLOCK_V) & (tgt < pid_v * BLOCK_V + BLOCK_V)
+    tl.store(zt_ptr + rows, z_t, mask=row_ok & in_block)
+
+
+@triton.jit
+def _merge_kernel(
+    pmax_ptr,
+    psum_ptr,
+    zt_ptr,
+    t_ptr,
+    out_ptr,
+    T,
+    NUM_BLOCKS,
+    ignore_index,
+    BLOCK_R: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < T
+    run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    run_sum = tl.zeros((BLOCK_R,), tl.float32)
+    for b in range(0, NUM_BLOCKS):  # vocab_lse: ascending blocks, online max rescale
+        part = b * T + rows.to(tl.int64)
+        m = tl.load(pmax_ptr + part, mask=row_ok, other=0.0)
+        s = tl.load(psum_ptr + part, mask=row_ok, other=1.0)
+        new_max = tl.maximum(run_max, m)
+        run_sum = run_sum * tl.exp(run_max - new_max) + s * tl.exp(m - new_max)
+        run_max = new_max
+    lse = run_max + tl.log(run_sum)
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
+    z_t = tl.load(zt_ptr + rows, mask=row_ok & (tgt != ignore_index), other=0.0)
+    tl.store(out_ptr + rows, tl.where(tgt == ignore_index, 0.0, z_t - lse), mask=row_ok)

@@ -1,0 +1,25 @@
+"""Conformance kit: accuracy against the float64 oracle, batch invariance, run-to-run."""
+
+from opcontract.conformance.checks import (
+    CHECKS,
+    CheckResult,
+    check_accuracy,
+    check_batch_invariance,
+    check_run_to_run,
+    drift,
+    run_kit,
+    runner_for,
+)
+from opcontract.conformance.inputs import make_inputs
+
+__all__ = [
+    "CHECKS",
+    "CheckResult",
+    "check_accuracy",
+    "check_batch_invariance",
+    "check_run_to_run",
+    "drift",
+    "make_inputs",
+    "run_kit",
+    "runner_for",
+]

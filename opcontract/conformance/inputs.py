@@ -1,0 +1,63 @@
+"""Random inputs for a contract's conformance cases: fresh normal floats, never zeros;
+index inputs uniform over their declared range, with a fraction set to the allowed sentinel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from opcontract.contracts.schema import ConformanceCase, Contract, SameAs
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+
+
+def batch_inputs(contract: Contract) -> list[str]:
+    """Inputs whose leading dimension is the contract's batch dimension."""
+    b = contract.conformance.batch_dim
+    return [n for n, s in contract.inputs.items() if s.shape and s.shape[0] == b]
+
+
+def make_inputs(
+    contract: Contract,
+    case: ConformanceCase,
+    dtype: str,
+    *,
+    sizes: dict[str, int] | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Inputs and params for one case, served in ``dtype``; ``sizes`` overrides case sizes."""
+    dims = {**case.sizes, **(sizes or {})}
+    params = {n: p.default for n, p in contract.params.items()}
+    params.update(case.params)
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, spec in contract.inputs.items():
+        shape = [dims[d] if isinstance(d, str) else d for d in spec.shape]
+        allowed = contract.input_dtypes(name)
+        dt = dtype if isinstance(spec.dtype, SameAs) or dtype in allowed else allowed[0]
+        if spec.values is not None:
+            lo, hi = (dims[b] if isinstance(b, str) else b for b in spec.values.range)
+            t = torch.randint(lo, hi, shape, generator=gen)
+            sentinel = params.get(spec.values.allow) if spec.values.allow else None
+            if sentinel is not None and t.numel():
+                drop = torch.rand(shape, generator=gen) < case.allow_fraction
+                t = torch.where(drop, torch.full_like(t, sentinel), t)
+            out[name] = t.to(DTYPES[dt]).to(device)
+        else:
+            std = case.std.get(name, 1.0)
+            out[name] = (
+                (torch.randn(shape, generator=gen, dtype=torch.float64) * std)
+                .to(DTYPES[dt])
+                .to(device)
+            )
+    return out, params

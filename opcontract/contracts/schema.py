@@ -1,0 +1,291 @@
+"""Pydantic models for an op contract. Unknown fields are errors everywhere.
+
+A contract is the single source of truth for an op: its signature (inputs, params,
+outputs), the math, the order and precision of every reduction, where values change
+dtype, the invariances guaranteed, the features forbidden, and the accuracy owed
+against the float64 oracle. Backends declare their reduction plan in the same terms
+(:class:`ReductionPlan`) and dispatch compares the two.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+DType = Literal["bfloat16", "float16", "float32", "float64", "int32", "int64", "bool"]
+FLOAT_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float64")
+
+Invariance = Literal["run_to_run", "batch"]
+"""run_to_run: identical inputs give identical bits on every call.
+batch: a row's outputs depend only on that row (and the shared operands): not on how many
+rows are in the call, on the row's position, on the other rows, or on padding rows."""
+
+Feature = Literal[
+    "split_k",  # a reduction split into partials whose partition depends on launch config
+    "atomics",  # atomic accumulation (merge order decided by the scheduler)
+    "tf32",  # float32 operands rounded to TF32 on the matrix units
+    "fast_math",  # reassociation, flush-to-zero, approximate division
+    "approx_transcendentals",  # hardware exp2/log2 approximations (at most 2 ulp)
+    "full_logits",  # materialises the full [rows, vocab] intermediate
+    "library_gemm",  # a vendor GEMM whose reduction order is not declared
+    "undeclared_cast",  # rounds an intermediate to a dtype at a point the epilogue doesn't list
+]
+
+Merge = Literal["add", "online_max_rescale", "max"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SameAs(_Strict):
+    same_as: str = Field(description="dtype is that of the named input")
+
+
+class ValueRange(_Strict):
+    range: tuple[int | str, int | str] = Field(description="[low, high): ints or shape symbols")
+    allow: str | None = Field(None, description="param whose value is also allowed (a sentinel)")
+
+
+class TensorSpec(_Strict):
+    shape: list[str | int]
+    dtype: list[DType] | SameAs
+    values: ValueRange | None = None
+    doc: str = ""
+
+
+class ParamSpec(_Strict):
+    type: Literal["float", "int", "bool", "str"]
+    default: float | int | bool | str | None = None
+    check: str | None = None
+    choices: list[str] | None = None
+    doc: str = ""
+
+
+class OutputSpec(_Strict):
+    shape: list[str | int]
+    dtype: DType
+    doc: str = ""
+
+
+class Reduction(_Strict):
+    """How one reduction runs.
+
+    The reduced dimension is cut into blocks of ``block`` elements (``impl``: a size the
+    implementation fixes once, never a function of the call's batch). Each block is
+    reduced to one partial in ``accumulate`` precision, in an order the implementation
+    fixes; partials are merged with ``merge`` in ascending block order. ``split``:
+    ``none`` walks the blocks sequentially; ``fixed_blocks`` may compute the partials in
+    parallel, since the contract pins the partition and the merge order.
+    """
+
+    over: str
+    accumulate: Literal["float32", "float64"]
+    block: int | Literal["impl"]
+    order: Literal["ascending"] = "ascending"
+    merge: Merge = "add"
+    split: Literal["none", "fixed_blocks"] = "none"
+    doc: str = ""
+
+
+class ReductionPlan(_Strict):
+    """An implementation's declaration of how it runs one of the contract's reductions.
+
+    ``block="library"`` means a vendor library chooses (the order is not declared).
+    """
+
+    accumulate: Literal["float32", "float64"]
+    block: int | Literal["library"]
+    order: Literal["ascending", "library"] = "ascending"
+    merge: Merge = "add"
+    split: Literal["none", "fixed_blocks", "library"] = "none"
+
+
+class EpilogueCast(_Strict):
+    at: str
+    to: DType
+    doc: str = ""
+
+
+class ConformanceCase(_Strict):
+    sizes: dict[str, int]
+    params: dict[str, Any] = Field(default_factory=dict)
+    std: dict[str, float] = Field(default_factory=dict)
+    allow_fraction: float = 0.1
+
+
+class ConformanceSpec(_Strict):
+    batch_dim: str
+    cases: list[ConformanceCase]
+
+
+class Contract(_Strict):
+    op: str
+    version: int
+    summary: str
+    inputs: dict[str, TensorSpec]
+    params: dict[str, ParamSpec] = Field(default_factory=dict)
+    outputs: dict[str, OutputSpec]
+    math: str
+    reductions: dict[str, Reduction]
+    epilogue: list[EpilogueCast]
+    invariance: list[Invariance]
+    forbid: list[Feature]
+    tolerance: dict[DType, float]
+    reference: str
+    conformance: ConformanceSpec
+
+    _path: str = PrivateAttr(default="<memory>")
+    _sha256: str = PrivateAttr(default="")
+    _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the contract file's bytes: part of every provenance record."""
+        return self._sha256
+
+    def line_of(self, *keys: str | int) -> int:
+        """Line in the source file of a field (or of its nearest enclosing field)."""
+        for n in range(len(keys), -1, -1):
+            if keys[:n] in self._lines:
+                return self._lines[keys[:n]]
+        return 1
+
+    def symbols(self) -> set[str]:
+        return {d for spec in self.inputs.values() for d in spec.shape if isinstance(d, str)}
+
+    def input_dtypes(self, name: str) -> list[str]:
+        """Allowed dtypes of an input, following ``same_as`` links."""
+        spec = self.inputs[name].dtype
+        seen = {name}
+        while isinstance(spec, SameAs):
+            if spec.same_as in seen or spec.same_as not in self.inputs:
+                return []
+            seen.add(spec.same_as)
+            spec = self.inputs[spec.same_as].dtype
+        return list(spec)
+
+    def float_dtypes(self) -> list[str]:
+        """Dtypes the op is served in: those of its first floating-point input."""
+        for name in self.inputs:
+            dts = self.input_dtypes(name)
+            if any(d in FLOAT_DTYPES for d in dts):
+                return [d for d in dts if d in FLOAT_DTYPES]
+        return []
+
+
+# ---------------------------------------------------------------------------- checks
+_CHECK_TERM = re.compile(r"^\s*(>=|<=|>|<|!=)\s*(-?[0-9.eE+-]+|inf)\s*$")
+
+
+def parse_check(text: str) -> list[tuple[str, float]]:
+    """Parse a param check such as ``"> 0"``, ``">= 0 and < 1"`` or ``"finite"``.
+
+    Returns ``(operator, bound)`` pairs; ``("finite", nan)`` for ``finite``.
+    Raises ``ValueError`` on text outside this grammar.
+    """
+    terms: list[tuple[str, float]] = []
+    for part in text.split(" and "):
+        part = part.strip()
+        if part == "finite":
+            terms.append(("finite", math.nan))
+            continue
+        m = _CHECK_TERM.match(part)
+        if not m:
+            raise ValueError(
+                f"cannot parse check term {part!r} (use '> x', '>= x', "
+                f"'< x', '<= x', '!= x' or 'finite', joined by 'and')"
+            )
+        terms.append((m.group(1), float(m.group(2))))
+    return terms
+
+
+_COMPARE = {
+    "finite": lambda v, b: math.isfinite(v),
+    ">": lambda v, b: v > b,
+    ">=": lambda v, b: v >= b,
+    "<": lambda v, b: v < b,
+    "<=": lambda v, b: v <= b,
+    "!=": lambda v, b: v != b,
+}
+
+
+def check_value(text: str, value: float) -> str | None:
+    """Return why ``value`` fails the check ``text``, or None when it passes."""
+    for op, bound in parse_check(text):
+        if not _COMPARE[op](value, bound):
+            return f"{value!r} fails the check '{text}'"
+    return None
+
+
+def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
+    """Cross-field problems a schema can't express, each with the path of the field at fault."""
+    out: list[tuple[tuple, str]] = []
+    symbols = c.symbols()
+    for name, spec in c.inputs.items():
+        if isinstance(spec.dtype, SameAs) and spec.dtype.same_as not in c.inputs:
+            out.append(
+                (("inputs", name, "dtype"), f"same_as names unknown input '{spec.dtype.same_as}'")
+            )
+        elif not c.input_dtypes(name):
+            out.append((("inputs", name, "dtype"), "same_as chain is circular"))
+        if spec.values is not None:
+            for bound in spec.values.range:
+                if isinstance(bound, str) and bound not in symbols:
+                    out.append(
+                        (("inputs", name, "values"), f"range bound '{bound}' is not a shape symbol")
+                    )
+            if spec.values.allow is not None and spec.values.allow not in c.params:
+                out.append(
+                    (("inputs", name, "values"), f"allow names unknown param '{spec.values.allow}'")
+                )
+    for name, p in c.params.items():
+        if p.check is not None:
+            try:
+                parse_check(p.check)
+            except ValueError as e:
+                out.append((("params", name, "check"), str(e)))
+                continue
+            if p.default is not None and not isinstance(p.default, (bool, str)):
+                why = check_value(p.check, float(p.default))
+                if why:
+                    out.append((("params", name, "default"), f"default {why}"))
+        if p.choices is not None and p.default is not None and p.default not in p.choices:
+            out.append((("params", name, "default"), f"default {p.default!r} not among choices"))
+    for name, o in c.outputs.items():
+        for d in o.shape:
+            if isinstance(d, str) and d not in symbols:
+                out.append((("outputs", name, "shape"), f"symbol '{d}' is bound by no input"))
+    for name, r in c.reductions.items():
+        if r.over not in symbols:
+            out.append((("reductions", name, "over"), f"'{r.over}' is not a shape symbol"))
+    points = {f"{r}.out" for r in c.reductions} | set(c.outputs)
+    for i, e in enumerate(c.epilogue):
+        if e.at not in points:
+            out.append(
+                (("epilogue", i, "at"), f"'{e.at}' is neither an output nor '<reduction>.out'")
+            )
+    for dt in c.float_dtypes():
+        if dt not in c.tolerance:
+            out.append((("tolerance",), f"no tolerance for served dtype {dt}"))
+    if c.conformance.batch_dim not in symbols:
+        out.append(
+            (("conformance", "batch_dim"), f"'{c.conformance.batch_dim}' is not a shape symbol")
+        )
+    for i, case in enumerate(c.conformance.cases):
+        missing = symbols - set(case.sizes)
+        if missing:
+            out.append((("conformance", "cases", i, "sizes"), f"no size for {sorted(missing)}"))
+        for k in case.params:
+            if k not in c.params:
+                out.append((("conformance", "cases", i, "params"), f"unknown param '{k}'"))
+    if ":" not in c.reference:
+        out.append((("reference",), "reference must be 'module:function'"))
+    return out

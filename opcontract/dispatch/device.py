@@ -1,0 +1,42 @@
+"""The device a call runs on, with an override for testing selection without that GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from opcontract.backends.registry import DeviceInfo
+
+_local = threading.local()
+
+
+def device_of(t: torch.Tensor) -> DeviceInfo:
+    """The DeviceInfo of a tensor's device (or the simulated one, inside ``simulate``)."""
+    sim = getattr(_local, "simulated", None)
+    if sim is not None:
+        return sim
+    if t.device.type == "cuda":
+        idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        return DeviceInfo(
+            "cuda", torch.cuda.get_device_capability(idx), torch.cuda.get_device_name(idx)
+        )
+    return DeviceInfo(t.device.type)
+
+
+@contextlib.contextmanager
+def simulate(
+    capability: tuple[int, int] | None, name: str = "simulated GPU", type: str = "cuda"
+) -> Iterator[DeviceInfo]:
+    """Make selection (``explain``, and ``op`` calls) see this device instead of the real one.
+
+    For testing selection logic only: a call still runs where its tensors are.
+    """
+    prev = getattr(_local, "simulated", None)
+    _local.simulated = DeviceInfo(type, capability, name)
+    try:
+        yield _local.simulated
+    finally:
+        _local.simulated = prev

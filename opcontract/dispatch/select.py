@@ -1,0 +1,52 @@
+"""Choose the implementation that serves a validated call, and say why the others can't."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opcontract.backends.registry import (
+    CallInfo,
+    Implementation,
+    implementations,
+    rejection,
+)
+from opcontract.contracts.schema import Contract
+from opcontract.dispatch.device import device_of
+from opcontract.dispatch.validate import BoundCall
+
+MODES = ("strict", "relaxed")
+
+
+@dataclass
+class Selection:
+    call: CallInfo
+    selected: Implementation | None
+    config: dict = field(default_factory=dict)
+    accepted: list[Implementation] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+def call_info(bound: BoundCall) -> CallInfo:
+    first = next(iter(bound.inputs.values()))
+    return CallInfo(device_of(first), bound.dtype, dict(bound.sizes), dict(bound.params))
+
+
+def select(contract: Contract, bound: BoundCall, backend: str | None, mode: str) -> Selection:
+    """Keep the implementations that may serve the call; pick the highest priority.
+
+    ``backend`` names a backend (``triton``) or one implementation (``triton.fused``).
+    """
+    call = call_info(bound)
+    sel = Selection(call, None)
+    for impl in implementations(contract.op):
+        why = rejection(impl, contract, call, mode)
+        if why is None and backend is not None and backend not in (impl.backend, impl.name):
+            why = f"not requested (backend={backend!r})"
+        if why is None:
+            sel.accepted.append(impl)
+        else:
+            sel.rejected[impl.name] = why
+    if sel.accepted:
+        sel.selected = max(sel.accepted, key=lambda i: i.priority.get(call.device.type, 0))
+        sel.config = sel.selected.default_config(call)
+    return sel

@@ -1,0 +1,74 @@
+import dataclasses
+import json
+
+from opcontract.backends import registry
+from opcontract.cli import lint
+from opcontract.cli.docs import main as docs_main
+from opcontract.contracts import load_all
+from opcontract.contracts.schema import ReductionPlan
+
+
+def test_shipped_contracts_are_clean(capsys):
+    assert lint.main([]) == 0
+    assert "clean" in capsys.readouterr().out
+
+
+def test_json_output(capsys):
+    assert lint.main(["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and "softcap_logprob" in data["contracts"]
+    assert {"torch.strict", "triton.fused"} <= {i["name"] for i in data["implementations"]}
+
+
+def test_malformed_contract_is_a_line_not_a_traceback(tmp_path, capsys):
+    text = open(load_all()["softcap_logprob"].path).read()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("    merge: add\n", "    merge: add\n    shuffle: yes\n", 1))
+    assert lint.main([str(bad)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{bad}:")
+    line = int(out[0].split(":")[1])
+    assert bad.read_text().splitlines()[line - 1].strip() == "shuffle: yes"
+
+
+def test_folder_and_json_problems(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text("op: [unclosed\n")
+    assert lint.main([str(tmp_path), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert not data["ok"] and data["problems"][0]["path"].endswith("a.yaml")
+
+
+def test_inconsistent_implementation_is_reported(monkeypatch, capsys):
+    impl = registry._REGISTRY["triton.fused"]
+    plan = dict(impl.plan)
+    plan["vocab_lse"] = ReductionPlan(
+        accumulate="float32", block=128, merge="online_max_rescale", split="fixed_blocks"
+    )
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "triton.fused",
+        dataclasses.replace(impl, plan=plan, features=("atomics",)),
+    )
+    assert lint.main([]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "triton.fused (softcap_logprob): reduction 'vocab_lse' uses block 128, "
+        "contract pins 256" in out
+    )
+    assert "uses forbidden feature 'atomics'" in out
+    assert "register.py:" in out
+
+
+def test_op_without_conforming_implementation(monkeypatch, capsys):
+    for name in ("torch.strict", "triton.fused"):
+        monkeypatch.setitem(
+            registry._REGISTRY,
+            name,
+            dataclasses.replace(registry._REGISTRY[name], relaxed_only=True),
+        )
+    assert lint.main([]) == 1
+    assert "has no implementation that satisfies its contract" in capsys.readouterr().out
+
+
+def test_generated_docs_are_current():
+    assert docs_main(["docs/ops", "--check"]) == 0
