@@ -46,11 +46,19 @@ def softcap_logprob_forward(
     softcap: float | None = None,
     ignore_index: int = -100,
     config: dict | None = None,
+    _pinned: dict | None = None,
 ) -> torch.Tensor:
+    """Float32 [T] log-probabilities. ``config`` takes keys of CONFIG_SPACE.
+
+    ``_pinned`` overrides the contract-pinned blocks (``block_v``, ``block_k``): for
+    benchmarks exploring other contracts only; the result then breaks this contract.
+    """
     from opcontract.backends.triton.softcap_logprob_kernels import _merge_kernel, _partials_kernel
 
     cfg = default_config(str(hidden.dtype).removeprefix("torch."))
     cfg.update(config or {})
+    block_v = (_pinned or {}).get("block_v", BLOCK_V)
+    block_k = (_pinned or {}).get("block_k", BLOCK_K)
     T, H = hidden.shape
     V = weight.shape[0]
     out = torch.empty(T, dtype=torch.float32, device=hidden.device)
@@ -59,7 +67,7 @@ def softcap_logprob_forward(
     hidden = _rows_contiguous(hidden)
     weight = _rows_contiguous(weight)
     targets = targets.contiguous()
-    n_blocks = triton_cdiv(V, BLOCK_V)
+    n_blocks = triton_cdiv(V, block_v)
     pmax = torch.empty((n_blocks, T), dtype=torch.float32, device=hidden.device)
     psum = torch.empty_like(pmax)
     z_t = torch.empty(T, dtype=torch.float32, device=hidden.device)
@@ -80,10 +88,10 @@ def softcap_logprob_forward(
         float(softcap) if softcap is not None else 1.0,
         HAS_CAP=softcap is not None,
         INTERPRET=interpreting(),
-        EVEN_K=H % BLOCK_K == 0,
+        EVEN_K=H % block_k == 0,
         BLOCK_T=cfg["block_t"],
-        BLOCK_V=BLOCK_V,
-        BLOCK_K=BLOCK_K,
+        BLOCK_V=block_v,
+        BLOCK_K=block_k,
         GROUP_T=cfg["group_t"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],

@@ -1,0 +1,83 @@
+"""Shared benchmark plumbing: environment stamp, measured ceilings, timing, one JSON schema.
+
+Every result file is ``{"benchmark", "command", "env", "ceilings", "rows", ...}`` where a
+row is ``{"kernel", "provider", "mode", "metric", "x_name", "x", "median", "p20", "p80",
+"unit", ...}`` (Liger-Kernel's benchmark row layout).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def env_stamp() -> dict:
+    import triton
+
+    def run(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:
+            return ""
+
+    repo = Path(__file__).resolve().parent.parent
+    return {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "capability": list(torch.cuda.get_device_capability())
+        if torch.cuda.is_available()
+        else None,
+        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "opcontract_commit": run(["git", "-C", str(repo), "rev-parse", "HEAD"]) or None,
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def bench(fn, warmup_ms: float = 50, rep_ms: float = 400) -> tuple[float, float, float]:
+    """(median, p20, p80) in milliseconds from CUDA events (triton.testing.do_bench)."""
+    from triton.testing import do_bench
+
+    med, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return med, p20, p80
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    """Measured bf16 matmul rate on random data (TFLOP/s)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = bench(lambda: a @ b)[0]
+    return 2 * n**3 / ms / 1e9
+
+
+def copy_gbps(nbytes: int = 4 << 30) -> float:
+    """Measured device-to-device copy rate, bytes read plus bytes written (GB/s)."""
+    x = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))[0]
+    return 2 * x.numel() / ms / 1e6
+
+
+def peak_extra_bytes(fn) -> int:
+    """Peak device memory allocated during ``fn()`` above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def write(path: str | os.PathLike, payload: dict) -> None:
+    payload = {"command": " ".join([Path(sys.executable).name, *sys.argv]), **payload}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=1) + "\n")
