@@ -38,9 +38,14 @@ def env_stamp() -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        "opcontract_commit": run(["git", "-C", str(repo), "rev-parse", "HEAD"]) or None,
+        "opcontract_commit": _commit(run(["git", "-C", str(repo), "rev-parse", "HEAD"])),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _commit(rev: str) -> str | None:
+    # the device machine gets a copy of the tree without history: the caller passes it
+    return rev if len(rev) == 40 else os.environ.get("OPCONTRACT_COMMIT")
 
 
 def bench(fn, warmup_ms: float = 50, rep_ms: float = 400) -> tuple[float, float, float]:

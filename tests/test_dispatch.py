@@ -110,8 +110,10 @@ def test_no_conforming_implementation(monkeypatch):
     assert set(e.value.rejected) == {"torch.strict", "torch.eager", "triton.fused"}
 
 
-def test_interpreted_triton_runs_through_dispatch():
-    h, w, t = head_inputs(dtype=torch.bfloat16)
+def test_triton_runs_through_dispatch():
+    """Under the interpreter on the CPU; on the GPU where there is one."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    h, w, t = (x.to(dev) for x in head_inputs(dtype=torch.bfloat16))
     out = dispatch.op("softcap_logprob", backend="triton")(h, w, t, softcap=20.0)
     assert dispatch.last_provenance().implementation == "triton.fused"
     assert dispatch.last_provenance().config["block_t"] > 0

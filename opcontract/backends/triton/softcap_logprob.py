@@ -9,16 +9,19 @@ from opcontract.backends.triton import interpreting
 BLOCK_V = 256  # the contract's vocab_lse block: one partial per 256 columns
 BLOCK_K = 64  # gemm_k block, declared in the plan
 
+_BASE = {"schedule": "tiles", "programs_per_sm": 1, "group_t": 8}
 DEFAULT_CONFIG = {
-    "bfloat16": {"block_t": 128, "group_t": 8, "num_warps": 8, "num_stages": 3},
-    "float16": {"block_t": 128, "group_t": 8, "num_warps": 8, "num_stages": 3},
-    "float32": {"block_t": 64, "group_t": 8, "num_warps": 8, "num_stages": 2},
+    "bfloat16": {**_BASE, "block_t": 128, "num_warps": 8, "num_stages": 3},
+    "float16": {**_BASE, "block_t": 128, "num_warps": 8, "num_stages": 3},
+    "float32": {**_BASE, "block_t": 64, "num_warps": 8, "num_stages": 2},
 }
 # Under the interpreter each K block is an explicit [block_t, 256, 64] product, capped
 # at 2**20 elements by Triton: smaller row tiles there (block_t never changes a row's bits).
 INTERPRETER_BLOCK_T = 32
 
 CONFIG_SPACE = {
+    "schedule": ("tiles", "persistent", "tma"),
+    "programs_per_sm": (1, 2),
     "block_t": (64, 128),
     "group_t": (1, 4, 8, 16),
     "num_warps": (4, 8),
@@ -53,7 +56,12 @@ def softcap_logprob_forward(
     ``_pinned`` overrides the contract-pinned blocks (``block_v``, ``block_k``): for
     benchmarks exploring other contracts only; the result then breaks this contract.
     """
-    from opcontract.backends.triton.softcap_logprob_kernels import _merge_kernel, _partials_kernel
+    from opcontract.backends.triton.softcap_logprob_kernels import (
+        _merge_kernel,
+        _partials_kernel,
+        _partials_persistent_kernel,
+        _partials_tma_kernel,
+    )
 
     cfg = default_config(str(hidden.dtype).removeprefix("torch."))
     cfg.update(config or {})
@@ -71,31 +79,96 @@ def softcap_logprob_forward(
     pmax = torch.empty((n_blocks, T), dtype=torch.float32, device=hidden.device)
     psum = torch.empty_like(pmax)
     z_t = torch.empty(T, dtype=torch.float32, device=hidden.device)
-    grid = (triton_cdiv(T, cfg["block_t"]) * n_blocks,)
-    _partials_kernel[grid](
-        hidden,
-        weight,
-        targets,
-        pmax,
-        psum,
-        z_t,
-        T,
-        V,
-        H,
-        hidden.stride(0),
-        weight.stride(0),
-        float(multiplier),
-        float(softcap) if softcap is not None else 1.0,
+    bt = cfg["block_t"]
+    common = dict(
         HAS_CAP=softcap is not None,
         INTERPRET=interpreting(),
-        EVEN_K=H % block_k == 0,
-        BLOCK_T=cfg["block_t"],
+        BLOCK_T=bt,
         BLOCK_V=block_v,
         BLOCK_K=block_k,
         GROUP_T=cfg["group_t"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    scalars = (float(multiplier), float(softcap) if softcap is not None else 1.0)
+    n_tiles = triton_cdiv(T, bt) * n_blocks
+    schedule = cfg["schedule"]
+    if schedule == "tiles":
+        _partials_kernel[(n_tiles,)](
+            hidden,
+            weight,
+            targets,
+            pmax,
+            psum,
+            z_t,
+            T,
+            V,
+            H,
+            hidden.stride(0),
+            weight.stride(0),
+            *scalars,
+            EVEN_K=H % block_k == 0,
+            **common,
+        )
+    else:
+        programs = min(n_tiles, _num_sms(hidden.device) * cfg["programs_per_sm"])
+        if schedule == "persistent":
+            _partials_persistent_kernel[(programs,)](
+                hidden,
+                weight,
+                targets,
+                pmax,
+                psum,
+                z_t,
+                T,
+                V,
+                H,
+                hidden.stride(0),
+                weight.stride(0),
+                *scalars,
+                EVEN_K=H % block_k == 0,
+                NUM_PROGRAMS=programs,
+                **common,
+            )
+        elif schedule == "tma" and _tma_ok(hidden, weight):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            h_desc = TensorDescriptor.from_tensor(hidden, [bt, block_k])
+            w_desc = TensorDescriptor.from_tensor(weight, [block_v, block_k])
+            _partials_tma_kernel[(programs,)](
+                h_desc,
+                w_desc,
+                targets,
+                pmax,
+                psum,
+                z_t,
+                T,
+                V,
+                H,
+                *scalars,
+                NUM_PROGRAMS=programs,
+                **common,
+            )
+        elif schedule == "tma":  # rows not 16-byte aligned: same tiles, same bits, no TMA
+            _partials_persistent_kernel[(programs,)](
+                hidden,
+                weight,
+                targets,
+                pmax,
+                psum,
+                z_t,
+                T,
+                V,
+                H,
+                hidden.stride(0),
+                weight.stride(0),
+                *scalars,
+                EVEN_K=H % block_k == 0,
+                NUM_PROGRAMS=programs,
+                **common,
+            )
+        else:
+            raise ValueError(f"unknown schedule {schedule!r}; one of {CONFIG_SPACE['schedule']}")
     block_r = 128
     _merge_kernel[(triton_cdiv(T, block_r),)](
         pmax,
@@ -109,6 +182,19 @@ def softcap_logprob_forward(
         BLOCK_R=block_r,
     )
     return out
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors need 16-byte aligned base pointers and row strides."""
+    return all(
+        t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors
+    )
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter: a couple of programs exercise the tile loop
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -1,13 +1,19 @@
 """Triton kernels of softcap_logprob's forward.
 
-Two launches. ``_partials_kernel`` computes, for one tile of BLOCK_T rows and one
-vocabulary block of BLOCK_V columns, the float32 logits (K loop in ascending blocks of
-BLOCK_K into one float32 accumulator), the multiplier and soft cap in float32, and the
-row partials of the block: max, sum of exp(z - max), and z at the target when the target
-falls in the block. ``_merge_kernel`` walks the blocks of each row in ascending order.
+Two launches. A partials kernel computes, for one tile of BLOCK_T rows and one vocabulary
+block of BLOCK_V columns, the float32 logits (K loop in ascending blocks of BLOCK_K into
+one float32 accumulator), the multiplier and soft cap in float32, and the row partials of
+the block: max, sum of exp(z - max), and z at the target when the target falls in the
+block. ``_merge_kernel`` then walks the blocks of each row in ascending order.
 
-Every reduction's order is fixed by BLOCK_K, BLOCK_V and num_warps, never by T or by a
-row's position: a row's bits are the same in any batch.
+Three partials kernels compute the same tiles with the same arithmetic and differ only
+in how tiles are scheduled and operands loaded: ``_partials_kernel`` (one program per
+tile, pointer loads), ``_partials_persistent_kernel`` (one program per SM looping over
+tiles, so the next tile's loads overlap this tile's epilogue) and
+``_partials_tma_kernel`` (persistent, operands through TMA tensor descriptors).
+
+Every reduction's order is fixed by BLOCK_K, BLOCK_V and the warp layout, never by T or
+by a row's position: a row's bits are the same in any batch.
 """
 
 from __future__ import annotations
@@ -34,6 +40,108 @@ def _tanh(x):
 
 
 @triton.jit
+def _tile_coords(tile, T, V, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, GROUP_T: tl.constexpr):
+    # Grouped order (GROUP_T row tiles share each weight block in L2): it decides when a
+    # tile runs, never what it computes.
+    n_t = tl.cdiv(T, BLOCK_T)
+    n_v = tl.cdiv(V, BLOCK_V)
+    per_group = GROUP_T * n_v
+    t_first = (tile // per_group) * GROUP_T
+    group_rows = tl.minimum(n_t - t_first, GROUP_T)
+    pid_t = t_first + (tile % per_group) % group_rows
+    pid_v = (tile % per_group) // group_rows
+    return pid_t, pid_v
+
+
+@triton.jit
+def _dot_block(a, b, acc, INTERPRET: tl.constexpr):
+    if INTERPRET:
+        # The interpreter's tl.dot is numpy's matmul, whose per-row order depends on the
+        # row's place in the tile; an elementwise product and a sum over the K block
+        # treat every row alike. Float32 first: the interpreter can't do bf16 arithmetic.
+        acc += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+    else:
+        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _gemm_tile_pointers(
+    h_ptr,
+    w_ptr,
+    T,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    pid_t,
+    pid_v,
+    INTERPRET: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    ks = tl.arange(0, BLOCK_K)
+    # Out-of-range rows/columns read a valid row instead of masking; their results are
+    # discarded, and no valid row or column ever reads them.
+    h_ptrs = h_ptr + (rows % T).to(tl.int64)[:, None] * stride_h + ks[None, :]
+    w_ptrs = w_ptr + (cols % V).to(tl.int64)[:, None] * stride_w + ks[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks, one float32 accumulator
+        if EVEN_K:
+            a = tl.load(h_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_ok = (k0 + ks) < H
+            a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        acc = _dot_block(a, b, acc, INTERPRET)
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit
+def _tile_partials(
+    acc,
+    t_ptr,
+    pmax_ptr,
+    psum_ptr,
+    zt_ptr,
+    T,
+    V,
+    pid_t,
+    pid_v,
+    multiplier,
+    softcap,
+    HAS_CAP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < T
+    y = acc * multiplier
+    if HAS_CAP:
+        z = softcap * _tanh(tl.math.div_rn(y, softcap))
+    else:
+        z = y
+    z = tl.where((cols < V)[None, :], z, float("-inf"))
+    m = tl.max(z, axis=1)
+    s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+    part = pid_v.to(tl.int64) * T + rows
+    tl.store(pmax_ptr + part, m, mask=row_ok)
+    tl.store(psum_ptr + part, s, mask=row_ok)
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=-1)
+    z_t = tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)  # one term: exact
+    in_block = (tgt >= pid_v * BLOCK_V) & (tgt < pid_v * BLOCK_V + BLOCK_V)
+    tl.store(zt_ptr + rows, z_t, mask=row_ok & in_block)
+
+
+@triton.jit
 def _partials_kernel(
     h_ptr,
     w_ptr,
@@ -56,63 +164,148 @@ def _partials_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr,
 ):
-    # Grouped launch order (GROUP_T row tiles share each weight block in L2): it decides
-    # when a tile runs, never what it computes.
-    pid = tl.program_id(0)
-    n_t = tl.cdiv(T, BLOCK_T)
-    n_v = tl.cdiv(V, BLOCK_V)
-    per_group = GROUP_T * n_v
-    t_first = (pid // per_group) * GROUP_T
-    group_rows = tl.minimum(n_t - t_first, GROUP_T)
-    pid_t = t_first + (pid % per_group) % group_rows
-    pid_v = (pid % per_group) // group_rows
+    pid_t, pid_v = _tile_coords(tl.program_id(0), T, V, BLOCK_T, BLOCK_V, GROUP_T)
+    acc = _gemm_tile_pointers(
+        h_ptr,
+        w_ptr,
+        T,
+        V,
+        H,
+        stride_h,
+        stride_w,
+        pid_t,
+        pid_v,
+        INTERPRET,
+        EVEN_K,
+        BLOCK_T,
+        BLOCK_V,
+        BLOCK_K,
+    )
+    _tile_partials(
+        acc,
+        t_ptr,
+        pmax_ptr,
+        psum_ptr,
+        zt_ptr,
+        T,
+        V,
+        pid_t,
+        pid_v,
+        multiplier,
+        softcap,
+        HAS_CAP,
+        BLOCK_T,
+        BLOCK_V,
+    )
 
-    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    ks = tl.arange(0, BLOCK_K)
-    row_ok = rows < T
-    col_ok = cols < V
-    # Out-of-range rows/columns read a valid row instead of masking; their results are
-    # discarded, and no valid row or column ever reads them.
-    h_ptrs = h_ptr + (rows % T).to(tl.int64)[:, None] * stride_h + ks[None, :]
-    w_ptrs = w_ptr + (cols % V).to(tl.int64)[:, None] * stride_w + ks[None, :]
 
-    acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks, one float32 accumulator
-        if EVEN_K:
-            a = tl.load(h_ptrs)
-            b = tl.load(w_ptrs)
-        else:
-            k_ok = (k0 + ks) < H
-            a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        if INTERPRET:
-            # The interpreter's tl.dot is numpy's matmul, whose per-row order depends on the
-            # row's place in the tile; an elementwise product and a sum over the K block
-            # treat every row alike. Float32 first: the interpreter can't do bf16 arithmetic.
-            prod = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
-            acc += tl.sum(prod, axis=2)
-        else:
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        h_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+@triton.jit
+def _partials_persistent_kernel(
+    h_ptr,
+    w_ptr,
+    t_ptr,
+    pmax_ptr,
+    psum_ptr,
+    zt_ptr,
+    T,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    multiplier,
+    softcap,
+    HAS_CAP: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_T: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):
+    n_tiles = tl.cdiv(T, BLOCK_T) * tl.cdiv(V, BLOCK_V)
+    for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=True):
+        pid_t, pid_v = _tile_coords(tile, T, V, BLOCK_T, BLOCK_V, GROUP_T)
+        acc = _gemm_tile_pointers(
+            h_ptr,
+            w_ptr,
+            T,
+            V,
+            H,
+            stride_h,
+            stride_w,
+            pid_t,
+            pid_v,
+            INTERPRET,
+            EVEN_K,
+            BLOCK_T,
+            BLOCK_V,
+            BLOCK_K,
+        )
+        _tile_partials(
+            acc,
+            t_ptr,
+            pmax_ptr,
+            psum_ptr,
+            zt_ptr,
+            T,
+            V,
+            pid_t,
+            pid_v,
+            multiplier,
+            softcap,
+            HAS_CAP,
+            BLOCK_T,
+            BLOCK_V,
+        )
 
-    y = acc * multiplier
-    if HAS_CAP:
-        z = softcap * _tanh(tl.math.div_rn(y, softcap))
-    else:
-        z = y
-    z = tl.where(col_ok[None, :], z, float("-inf"))
-    m = tl.max(z, axis=1)
-    s = tl.sum(tl.exp(z - m[:, None]), axis=1)
-    part = pid_v.to(tl.int64) * T + rows
-    tl.store(pmax_ptr + part, m, mask=row_ok)
-    tl.store(psum_ptr + part, s, mask=row_ok)
 
-    tgt = tl.load(t_ptr + rows, mask=row_ok, other=-1)
-    z_t = tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)  # one term: exact
-    in_block = (tgt >= pid_v * BLOCK_V) & (tgt < pid_v * BLOCK_V + BLOCK_V)
-    tl.store(zt_ptr + rows, z_t, mask=row_ok & in_block)
+@triton.jit
+def _partials_tma_kernel(
+    h_desc,
+    w_desc,
+    t_ptr,
+    pmax_ptr,
+    psum_ptr,
+    zt_ptr,
+    T,
+    V,
+    H,
+    multiplier,
+    softcap,
+    HAS_CAP: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_T: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):
+    # TMA zero-fills reads past T, V and H: zeros add nothing to a valid row's sums.
+    n_tiles = tl.cdiv(T, BLOCK_T) * tl.cdiv(V, BLOCK_V)
+    for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=True):
+        pid_t, pid_v = _tile_coords(tile, T, V, BLOCK_T, BLOCK_V, GROUP_T)
+        acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks
+            a = h_desc.load([pid_t * BLOCK_T, k0])
+            b = w_desc.load([pid_v * BLOCK_V, k0])
+            acc = _dot_block(a, b, acc, INTERPRET)
+        _tile_partials(
+            acc,
+            t_ptr,
+            pmax_ptr,
+            psum_ptr,
+            zt_ptr,
+            T,
+            V,
+            pid_t,
+            pid_v,
+            multiplier,
+            softcap,
+            HAS_CAP,
+            BLOCK_T,
+            BLOCK_V,
+        )
 
 
 @triton.jit
