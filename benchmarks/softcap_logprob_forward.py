@@ -61,24 +61,17 @@ def rel_err(out, ref):
 
 def explore(args) -> dict:
     h, w, t = make(max(args.T))
-    b256, b128 = {}, {"block_v": 128}
-    configs = [  # (config, pinned blocks, softcap)
-        ({}, b256, CAP),
-        ({"schedule": "persistent"}, b256, CAP),
-        ({"schedule": "tma"}, b256, CAP),
-        ({"schedule": "tma", "num_stages": 4}, b256, CAP),
-        ({}, b128, CAP),
-        ({}, b128, None),
-        ({"num_stages": 4}, b128, CAP),
-        ({"schedule": "persistent"}, b128, CAP),
-        ({"schedule": "persistent", "programs_per_sm": 2}, b128, CAP),
-        ({"schedule": "tma"}, b128, CAP),
-        ({"schedule": "tma", "num_stages": 4}, b128, CAP),
-        ({"schedule": "tma", "programs_per_sm": 2}, b128, CAP),
-        ({"schedule": "tma"}, b128, None),
-        ({"block_t": 256}, b128, CAP),
-        ({"block_t": 256, "schedule": "tma"}, b128, CAP),
-        ({"num_warps": 4}, b128, CAP),
+    configs = [  # (config, pinned blocks, softcap); the first is the default
+        ({}, {}, CAP),
+        ({}, {}, None),
+        ({"num_stages": 3}, {}, CAP),
+        ({"num_stages": 5}, {}, CAP),
+        ({"schedule": "tiles"}, {}, CAP),
+        ({"schedule": "persistent"}, {}, CAP),
+        ({"group_t": 16}, {}, CAP),
+        ({"block_t": 64, "num_warps": 4, "programs_per_sm": 2}, {}, CAP),
+        ({"block_t": 256}, {}, CAP),
+        ({"num_warps": 4}, {}, CAP),
     ]
     rows = []
     for T in args.T:

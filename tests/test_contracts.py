@@ -16,19 +16,19 @@ def _yaml_with(old: str, new: str) -> str:
 def test_shipped_contract_loads_with_hash_and_lines():
     c = get_contract("softcap_logprob")
     assert c.version == 1 and len(c.sha256) == 64
-    assert c.reductions["vocab_lse"].block == 256
+    assert c.reductions["vocab_lse"].block == 128
     assert c.float_dtypes() == ["bfloat16", "float16", "float32"]
     assert c.input_dtypes("weight") == c.input_dtypes("hidden")
     assert (
         open(c.path).read().splitlines()[c.line_of("reductions", "vocab_lse", "block") - 1].strip()
-        == "block: 256"
+        == "block: 128"
     )
 
 
 def test_unknown_field_reports_its_line():
     text = _yaml_with(
-        "    accumulate: float32\n    block: 256",
-        "    accumulate: float32\n    colour: red\n    block: 256",
+        "    accumulate: float32\n    block: 128",
+        "    accumulate: float32\n    colour: red\n    block: 128",
     )
     with pytest.raises(ContractFileError) as e:
         parse_contract(text, "x.yaml")

@@ -42,7 +42,7 @@ def test_inconsistent_implementation_is_reported(monkeypatch, capsys):
     impl = registry._REGISTRY["triton.fused"]
     plan = dict(impl.plan)
     plan["vocab_lse"] = ReductionPlan(
-        accumulate="float32", block=128, merge="online_max_rescale", split="fixed_blocks"
+        accumulate="float32", block=256, merge="online_max_rescale", split="fixed_blocks"
     )
     monkeypatch.setitem(
         registry._REGISTRY,
@@ -52,8 +52,8 @@ def test_inconsistent_implementation_is_reported(monkeypatch, capsys):
     assert lint.main([]) == 1
     out = capsys.readouterr().out
     assert (
-        "triton.fused (softcap_logprob): reduction 'vocab_lse' uses block 128, "
-        "contract pins 256" in out
+        "triton.fused (softcap_logprob): reduction 'vocab_lse' uses block 256, "
+        "contract pins 128" in out
     )
     assert "uses forbidden feature 'atomics'" in out
     assert "register.py:" in out

@@ -27,8 +27,8 @@ Feature = Literal[
     "split_k",  # a reduction split into partials whose partition depends on launch config
     "atomics",  # atomic accumulation (merge order decided by the scheduler)
     "tf32",  # float32 operands rounded to TF32 on the matrix units
-    "fast_math",  # reassociation, flush-to-zero, approximate division
-    "approx_transcendentals",  # hardware exp2/log2 approximations (at most 2 ulp)
+    "fast_math",  # reassociation or flush-to-zero
+    "approx_transcendentals",  # hardware exp2, log2 and division approximations (<= 2 ulp)
     "full_logits",  # materialises the full [rows, vocab] intermediate
     "library_gemm",  # a vendor GEMM whose reduction order is not declared
     "undeclared_cast",  # rounds an intermediate to a dtype at a point the epilogue doesn't list

@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import torch
 
-VOCAB_BLOCK = 256
+VOCAB_BLOCK = 128
 
 
 def _softcap(y: torch.Tensor, softcap: float | None) -> torch.Tensor:
     if softcap is None:
         return y
     return softcap * torch.tanh(y / softcap)
+
+
+def _capped_logits(acc: torch.Tensor, multiplier: float, softcap: float | None) -> torch.Tensor:
+    """The contract's float32 epilogue: softcap * tanh(acc * (multiplier / softcap))."""
+    if softcap is None:
+        return acc * multiplier
+    scale = torch.tensor(multiplier / softcap, dtype=torch.float32, device=acc.device)
+    return softcap * torch.tanh(acc * scale)
 
 
 def reference(
@@ -78,7 +86,7 @@ def strict_forward(
         acc = torch.zeros(T, VOCAB_BLOCK, dtype=torch.float32, device=hidden.device)
         for k in range(H):  # gemm_k: ascending, one rounding per multiply and per add
             acc = acc + h[:, k : k + 1] * w[:, k]
-        z = _softcap(acc * multiplier, softcap)
+        z = _capped_logits(acc, multiplier, softcap)
         valid = torch.arange(VOCAB_BLOCK, device=hidden.device) < nv
         z = torch.where(valid, z, float("-inf"))
         m_b = z.max(dim=1).values

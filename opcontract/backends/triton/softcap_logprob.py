@@ -6,14 +6,14 @@ import torch
 
 from opcontract.backends.triton import interpreting
 
-BLOCK_V = 256  # the contract's vocab_lse block: one partial per 256 columns
+BLOCK_V = 128  # the contract's vocab_lse block: one partial per 128 columns
 BLOCK_K = 64  # gemm_k block, declared in the plan
 
-_BASE = {"schedule": "tiles", "programs_per_sm": 1, "group_t": 8}
+_BASE = {"programs_per_sm": 1, "group_t": 8}
 DEFAULT_CONFIG = {
-    "bfloat16": {**_BASE, "block_t": 128, "num_warps": 8, "num_stages": 3},
-    "float16": {**_BASE, "block_t": 128, "num_warps": 8, "num_stages": 3},
-    "float32": {**_BASE, "block_t": 64, "num_warps": 8, "num_stages": 2},
+    "bfloat16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},
+    "float16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},
+    "float32": {**_BASE, "schedule": "tiles", "block_t": 64, "num_warps": 8, "num_stages": 3},
 }
 # Under the interpreter each K block is an explicit [block_t, 256, 64] product, capped
 # at 2**20 elements by Triton: smaller row tiles there (block_t never changes a row's bits).
@@ -90,7 +90,10 @@ def softcap_logprob_forward(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    scalars = (float(multiplier), float(softcap) if softcap is not None else 1.0)
+    if softcap is None:
+        scalars = (float(multiplier), 1.0)
+    else:  # the contract's scale: multiplier / softcap in float64, rounded once to float32
+        scalars = (multiplier / softcap, float(softcap))
     n_tiles = triton_cdiv(T, bt) * n_blocks
     schedule = cfg["schedule"]
     if schedule == "tiles":

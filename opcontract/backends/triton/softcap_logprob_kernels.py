@@ -25,7 +25,8 @@ import triton.language as tl
 @triton.jit
 def _tanh(x):
     # float32 tanh without libdevice (the interpreter lacks it). |x| < 0.625: odd minimax
-    # polynomial (Cephes tanhf); else 1 - 2/(exp(2|x|) + 1) with the sign restored.
+    # polynomial (Cephes tanhf); else 1 - 2/(exp(2|x|) + 1) with the sign restored, the
+    # division the hardware's approximate one (<= 2 ulp; IEEE division costs ~10x more).
     # |x| is clamped at 15, where tanh already rounds to 1 in float32.
     ax = tl.minimum(tl.abs(x), 15.0)
     x2 = x * x
@@ -34,7 +35,7 @@ def _tanh(x):
     p = p * x2 + 1.33314422036e-1
     p = p * x2 - 3.33332819422e-1
     small = x + x * x2 * p
-    big = 1.0 - tl.math.div_rn(2.0, tl.exp(2.0 * ax) + 1.0)
+    big = 1.0 - 2.0 / (tl.exp(2.0 * ax) + 1.0)
     big = tl.where(x < 0, -big, big)
     return tl.where(ax < 0.625, small, big)
 
@@ -115,7 +116,7 @@ def _tile_partials(
     V,
     pid_t,
     pid_v,
-    multiplier,
+    scale,
     softcap,
     HAS_CAP: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -124,11 +125,10 @@ def _tile_partials(
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < T
-    y = acc * multiplier
     if HAS_CAP:
-        z = softcap * _tanh(tl.math.div_rn(y, softcap))
+        z = softcap * _tanh(acc * scale)
     else:
-        z = y
+        z = acc * scale
     z = tl.where((cols < V)[None, :], z, float("-inf"))
     m = tl.max(z, axis=1)
     s = tl.sum(tl.exp(z - m[:, None]), axis=1)
@@ -154,7 +154,7 @@ def _partials_kernel(
     H,
     stride_h,
     stride_w,
-    multiplier,
+    scale,
     softcap,
     HAS_CAP: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -191,7 +191,7 @@ def _partials_kernel(
         V,
         pid_t,
         pid_v,
-        multiplier,
+        scale,
         softcap,
         HAS_CAP,
         BLOCK_T,
@@ -212,7 +212,7 @@ def _partials_persistent_kernel(
     H,
     stride_h,
     stride_w,
-    multiplier,
+    scale,
     softcap,
     HAS_CAP: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -252,7 +252,7 @@ def _partials_persistent_kernel(
             V,
             pid_t,
             pid_v,
-            multiplier,
+            scale,
             softcap,
             HAS_CAP,
             BLOCK_T,
@@ -271,7 +271,7 @@ def _partials_tma_kernel(
     T,
     V,
     H,
-    multiplier,
+    scale,
     softcap,
     HAS_CAP: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -300,7 +300,7 @@ def _partials_tma_kernel(
             V,
             pid_t,
             pid_v,
-            multiplier,
+            scale,
             softcap,
             HAS_CAP,
             BLOCK_T,
