@@ -30,10 +30,16 @@ H, V = 6656, 202048
 MULT, CAP = 0.19611613513818404, 20.0
 
 
-def make(T_max: int, seed: int = 0):
+# Weight scales: "init" (std 0.02, an untrained head: logits ~0.37 after the multiplier,
+# the distribution the peers' published errors were measured on) and "wide" (std 0.3:
+# logits ~4.8 after the multiplier, so the soft cap is exercised).
+W_STD = {"init": 0.02, "wide": 0.3}
+
+
+def make(T_max: int, seed: int = 0, w_std: float = W_STD["wide"]):
     g = torch.Generator(device="cuda").manual_seed(seed)
     h = torch.randn(T_max, H, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(V, H, device="cuda", generator=g) * 0.3).bfloat16()
+    w = (torch.randn(V, H, device="cuda", generator=g) * w_std).bfloat16()
     t = torch.randint(0, V, (T_max,), device="cuda", generator=g)
     t[::97] = -100
     return h, w, t
@@ -59,9 +65,48 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+def fp32_gemm_logprob(h, w, t):
+    """Float32 IEEE GEMM (cuBLAS, TF32 off), everything after it in float64: the error owed
+    to float32 accumulation over H alone, a floor for any float32-accumulating kernel."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    y = (h.float() @ w.float().T).double() * MULT
+    z = CAP * torch.tanh(y / CAP)
+    keep = t != -100
+    zt = z.gather(1, torch.where(keep, t, 0)[:, None])[:, 0]
+    return torch.where(keep, zt - torch.logsumexp(z, dim=-1), 0.0)
+
+
+def accuracy(slp, liger, rows: int = 256, sample: int = 64) -> dict:
+    """Rel. error vs float64 on sampled rows, for each weight scale and provider."""
+    out = {}
+    for dist, std in W_STD.items():
+        h, w, t = make(rows, seed=2, w_std=std)
+        idx = torch.randperm(rows, device="cuda")[:sample]
+        ref = reference(h[idx], w, t[idx], multiplier=MULT, softcap=CAP)
+        res = {
+            "opcontract": rel_err(slp(h, w, t, multiplier=MULT, softcap=CAP)[idx], ref),
+            "torch.eager": rel_err(eager(h[idx], w, t[idx]), ref),
+            "fp32_gemm_floor": rel_err(fp32_gemm_logprob(h[idx], w, t[idx]), ref),
+        }
+        if liger is not None:
+            res["liger.flce"] = rel_err(liger(h[idx], w, t[idx]), ref)
+        out[dist] = {"w_std": std, **res}
+        print(dist, out[dist], flush=True)
+        del h, w
+    return out
+
+
 def explore(args) -> dict:
     h, w, t = make(max(args.T))
-    configs = [  # (config, pinned blocks, softcap); the first is the default
+    small = [  # decode sizes; the first is the default for T <= 64
+        ({}, {}, CAP),
+        ({"block_t": 128, "num_warps": 8, "programs_per_sm": 1}, {}, CAP),
+        ({"block_t": 64, "num_warps": 4, "programs_per_sm": 1}, {}, CAP),
+        ({"block_t": 64, "num_warps": 8, "programs_per_sm": 1}, {}, CAP),
+        ({"block_t": 64, "num_warps": 4, "programs_per_sm": 2, "num_stages": 3}, {}, CAP),
+        ({"block_t": 64, "num_warps": 4, "schedule": "tiles"}, {}, CAP),
+    ]
+    large = [  # (config, pinned blocks, softcap); the first is the default
         ({}, {}, CAP),
         ({}, {}, None),
         ({"num_stages": 3}, {}, CAP),
@@ -73,6 +118,7 @@ def explore(args) -> dict:
         ({"block_t": 256}, {}, CAP),
         ({"num_warps": 4}, {}, CAP),
     ]
+    configs = small if max(args.T) <= 64 else large
     rows = []
     for T in args.T:
         hh, tt = h[:T], t[:T]
@@ -117,17 +163,13 @@ def full(args) -> dict:
     h, w, t = make(T_max)
     slp = dispatch.op("softcap_logprob")
     liger = liger_fn()
-    rows, inv, acc = [], [], {}
+    rows, inv = [], []
 
-    # float64 oracle on sampled rows (any T: opcontract's rows are T-invariant, checked below)
     g = torch.Generator().manual_seed(1)
-    sample = torch.randperm(T_max, generator=g)[:64].sort().values.cuda()
-    ref = reference(h[sample], w, t[sample], multiplier=MULT, softcap=CAP)
-
+    acc = accuracy(slp, liger)
     full_out = slp(h, w, t, multiplier=MULT, softcap=CAP)
     prov = dispatch.last_provenance().as_dict()
-    acc["opcontract"] = rel_err(full_out[sample], ref)
-    for T in args.T:
+    for T in sorted({*args.T, 2, 3, 17, 100, 1000}):
         idx = torch.randperm(T_max, generator=g)[:T].cuda()  # random rows, random order
         sub = slp(h[idx], w, t[idx], multiplier=MULT, softcap=CAP)
         again = slp(h[idx], w, t[idx], multiplier=MULT, softcap=CAP)
@@ -149,10 +191,6 @@ def full(args) -> dict:
     }
     if liger is not None:
         providers["liger.flce"] = lambda hh, tt: liger(hh, w, tt)
-    for name in ("torch.eager", "liger.flce"):
-        if name in providers:
-            n = 64
-            acc[name] = rel_err(providers[name](h[sample[:n]], t[sample[:n]]), ref[:n])
     for T in args.T:
         hh, tt = h[:T].contiguous(), t[:T].contiguous()
         floor = 2 * T * H * V / (args.tflops * 1e9)

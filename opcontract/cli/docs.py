@@ -7,6 +7,7 @@ opcontract-docs docs/ops --check  # exit 1 if a page is out of date
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -137,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in pages().items():
         path = outdir / name
         if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
+            old = path.read_text() if path.exists() else ""
+            if old != text:
+                diff = difflib.unified_diff(old.splitlines(), text.splitlines(), lineterm="")
+                stale.append(f"{path}\n" + "\n".join(list(diff)[:20]))
         else:
             outdir.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 
@@ -20,10 +21,15 @@ def device_of(t: torch.Tensor) -> DeviceInfo:
         return sim
     if t.device.type == "cuda":
         idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        return DeviceInfo(
-            "cuda", torch.cuda.get_device_capability(idx), torch.cuda.get_device_name(idx)
-        )
+        return _cuda_device(idx)
     return DeviceInfo(t.device.type)
+
+
+@functools.cache
+def _cuda_device(index: int) -> DeviceInfo:
+    return DeviceInfo(
+        "cuda", torch.cuda.get_device_capability(index), torch.cuda.get_device_name(index)
+    )
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ register(
     invariances=("run_to_run", "batch"),
     features=("approx_transcendentals",),
     config_space=slp.CONFIG_SPACE,
-    default_config=lambda call: slp.default_config(call.dtype),
+    default_config=lambda call: slp.default_config(call.dtype, call.sizes.get("T")),
     available=missing_library,
     device_check=device_reason,
     priority={"cuda": 20, "cpu": 5},

@@ -29,8 +29,18 @@ CONFIG_SPACE = {
 }
 
 
-def default_config(dtype: str) -> dict:
+# Decode-sized calls (T <= 64) waste half of a 128-row tile's MMA work: 64-row tiles.
+# block_t, num_warps and programs_per_sm leave every output bit unchanged (verified on the
+# H200: benchmarks/results/softcap_logprob_forward_explore_h200.json).
+SMALL_T = 64
+SMALL_T_CONFIG = {"block_t": 64, "num_warps": 4, "programs_per_sm": 2}
+
+
+def default_config(dtype: str, T: int | None = None) -> dict:
+    """The canonical config for a call: a function of dtype and of T's bucket only."""
     cfg = dict(DEFAULT_CONFIG[dtype])
+    if T is not None and T <= SMALL_T and dtype != "float32":
+        cfg.update(SMALL_T_CONFIG)
     if interpreting():
         cfg["block_t"] = INTERPRETER_BLOCK_T
     return cfg
@@ -63,7 +73,7 @@ def softcap_logprob_forward(
         _partials_tma_kernel,
     )
 
-    cfg = default_config(str(hidden.dtype).removeprefix("torch."))
+    cfg = default_config(str(hidden.dtype).removeprefix("torch."), hidden.shape[0])
     cfg.update(config or {})
     block_v = (_pinned or {}).get("block_v", BLOCK_V)
     block_k = (_pinned or {}).get("block_k", BLOCK_K)
