@@ -9,7 +9,9 @@ from opcontract.backends.triton import interpreting
 BLOCK_V = 128  # the contract's vocab_lse block: one partial per 128 columns
 BLOCK_K = 64  # gemm_k block, declared in the plan
 
-_BASE = {"programs_per_sm": 1, "group_t": 8}
+# promote: each K block's partial leaves the tensor cores and is added in IEEE float32
+# (an order-determining choice: it is part of the declared gemm_k plan, not tunable).
+_BASE = {"programs_per_sm": 1, "group_t": 8, "promote": True}
 DEFAULT_CONFIG = {
     "bfloat16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},
     "float16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},
@@ -93,6 +95,7 @@ def softcap_logprob_forward(
     common = dict(
         HAS_CAP=softcap is not None,
         INTERPRET=interpreting(),
+        PROMOTE=cfg["promote"],
         BLOCK_T=bt,
         BLOCK_V=block_v,
         BLOCK_K=block_k,
@@ -101,9 +104,9 @@ def softcap_logprob_forward(
         num_stages=cfg["num_stages"],
     )
     if softcap is None:
-        scalars = (float(multiplier), 1.0)
+        scalars = (float(multiplier), 1.0, 0.0)
     else:  # the contract's scale: multiplier / softcap in float64, rounded once to float32
-        scalars = (multiplier / softcap, float(softcap))
+        scalars = (multiplier / softcap, float(softcap), 0.0)
     n_tiles = triton_cdiv(T, bt) * n_blocks
     schedule = cfg["schedule"]
     if schedule == "tiles":

@@ -55,12 +55,19 @@ def _tile_coords(tile, T, V, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, GROUP
 
 
 @triton.jit
-def _dot_block(a, b, acc, INTERPRET: tl.constexpr):
+def _dot_block(a, b, acc, fresh, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr):
+    # gemm_k: one K block of a @ b.T added into the float32 accumulator.
     if INTERPRET:
         # The interpreter's tl.dot is numpy's matmul, whose per-row order depends on the
         # row's place in the tile; an elementwise product and a sum over the K block
         # treat every row alike. Float32 first: the interpreter can't do bf16 arithmetic.
         acc += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+    elif PROMOTE:
+        # The block's partial comes out of the tensor cores from a fresh accumulator
+        # (``fresh``: zeros the compiler can't fold into the dot) and is added to the
+        # running sum with an IEEE float32 add. The tensor cores' own accumulation
+        # truncates; across all of H its bias would grow with the number of blocks.
+        acc += tl.dot(a, tl.trans(b), fresh, input_precision="ieee")
     else:
         acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
     return acc
@@ -77,7 +84,9 @@ def _gemm_tile_pointers(
     stride_w,
     pid_t,
     pid_v,
+    zero,
     INTERPRET: tl.constexpr,
+    PROMOTE: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -91,6 +100,7 @@ def _gemm_tile_pointers(
     h_ptrs = h_ptr + (rows % T).to(tl.int64)[:, None] * stride_h + ks[None, :]
     w_ptrs = w_ptr + (cols % V).to(tl.int64)[:, None] * stride_w + ks[None, :]
     acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+    fresh = acc + zero
     for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks, one float32 accumulator
         if EVEN_K:
             a = tl.load(h_ptrs)
@@ -99,7 +109,7 @@ def _gemm_tile_pointers(
             k_ok = (k0 + ks) < H
             a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        acc = _dot_block(a, b, acc, INTERPRET)
+        acc = _dot_block(a, b, acc, fresh, INTERPRET, PROMOTE)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     return acc
@@ -156,8 +166,10 @@ def _partials_kernel(
     stride_w,
     scale,
     softcap,
+    zero,
     HAS_CAP: tl.constexpr,
     INTERPRET: tl.constexpr,
+    PROMOTE: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -175,7 +187,9 @@ def _partials_kernel(
         stride_w,
         pid_t,
         pid_v,
+        zero,
         INTERPRET,
+        PROMOTE,
         EVEN_K,
         BLOCK_T,
         BLOCK_V,
@@ -214,8 +228,10 @@ def _partials_persistent_kernel(
     stride_w,
     scale,
     softcap,
+    zero,
     HAS_CAP: tl.constexpr,
     INTERPRET: tl.constexpr,
+    PROMOTE: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -236,7 +252,9 @@ def _partials_persistent_kernel(
             stride_w,
             pid_t,
             pid_v,
+            zero,
             INTERPRET,
+            PROMOTE,
             EVEN_K,
             BLOCK_T,
             BLOCK_V,
@@ -273,8 +291,10 @@ def _partials_tma_kernel(
     H,
     scale,
     softcap,
+    zero,
     HAS_CAP: tl.constexpr,
     INTERPRET: tl.constexpr,
+    PROMOTE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -286,10 +306,11 @@ def _partials_tma_kernel(
     for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=True):
         pid_t, pid_v = _tile_coords(tile, T, V, BLOCK_T, BLOCK_V, GROUP_T)
         acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+        fresh = acc + zero
         for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks
             a = h_desc.load([pid_t * BLOCK_T, k0])
             b = w_desc.load([pid_v * BLOCK_V, k0])
-            acc = _dot_block(a, b, acc, INTERPRET)
+            acc = _dot_block(a, b, acc, fresh, INTERPRET, PROMOTE)
         _tile_partials(
             acc,
             t_ptr,
