@@ -108,13 +108,13 @@ def explore(args) -> dict:
     ]
     large = [  # (config, pinned blocks, softcap); the first is the default
         ({}, {}, CAP),
-        ({"promote": False}, {}, CAP),
-        ({"num_stages": 3}, {}, CAP),
-        ({"num_stages": 5}, {}, CAP),
-        ({"schedule": "persistent"}, {}, CAP),
-        ({"group_t": 16}, {}, CAP),
-        ({"block_t": 256}, {}, CAP),
-        ({"num_warps": 4}, {}, CAP),
+        ({"promote": 1}, {}, CAP),
+        ({"promote": 0}, {}, CAP),
+        ({"promote": 2, "num_stages": 3}, {"block_k": 128}, CAP),
+        ({"promote": 1, "num_stages": 3}, {"block_k": 128}, CAP),
+        ({"promote": 2, "schedule": "persistent"}, {}, CAP),
+        ({"promote": 2, "schedule": "tiles"}, {}, CAP),
+        ({"promote": 2, "num_stages": 3}, {}, CAP),
     ]
     configs = small if max(args.T) <= 64 else large
     rows = []
