@@ -11,7 +11,7 @@ BLOCK_K = 64  # gemm_k block, declared in the plan
 
 # promote: each K block's partial leaves the tensor cores and is added in IEEE float32
 # (an order-determining choice: it is part of the declared gemm_k plan, not tunable).
-_BASE = {"programs_per_sm": 1, "group_t": 8, "promote": 2}
+_BASE = {"programs_per_sm": 1, "group_t": 8, "promote": 1}
 DEFAULT_CONFIG = {
     "bfloat16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},
     "float16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},

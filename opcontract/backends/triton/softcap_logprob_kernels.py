@@ -55,31 +55,30 @@ def _tile_coords(tile, T, V, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, GROUP
 
 
 @triton.jit
-def _dot_block(a, b, acc, pending, fresh, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr):
-    """gemm_k: add one K block of a @ b.T into the float32 accumulator.
+def _dot_block(a, b, acc, part, fresh, flush, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr):
+    """gemm_k: add one K block of a @ b.T; returns (acc, part).
 
-    PROMOTE 0: the tensor cores accumulate across all of H. Their accumulation truncates,
-    and its bias grows with the number of blocks (3e-6 rel. error at H = 6656).
-    PROMOTE 1: each block's partial comes out of the tensor cores from a fresh
-    accumulator (``fresh``: zeros the compiler can't fold into the dot) and is added to
-    the running sum with an IEEE float32 add.
-    PROMOTE 2: the same sums in the same order, each add deferred by one block
-    (``pending``) so the next block's MMA runs while this one's add waits.
+    PROMOTE 0: the tensor cores accumulate across all of H. Their accumulation
+    truncates, and its bias grows with the number of blocks (3e-6 rel. error at
+    H = 6656 on the H200).
+    PROMOTE n > 0: the tensor cores accumulate n blocks into ``part``, started from
+    ``fresh`` (zeros the compiler can't fold into the dot); at ``flush`` (every n-th
+    block, and the last) ``part`` is added to ``acc`` with an IEEE float32 add.
     """
     if INTERPRET:
         # The interpreter's tl.dot is numpy's matmul, whose per-row order depends on the
         # row's place in the tile; an elementwise product and a sum over the K block
         # treat every row alike. Float32 first: the interpreter can't do bf16 arithmetic.
-        acc += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
-    elif PROMOTE == 2:
-        part = tl.dot(a, tl.trans(b), fresh, input_precision="ieee")
-        acc += pending
-        pending = part
-    elif PROMOTE == 1:
-        acc += tl.dot(a, tl.trans(b), fresh, input_precision="ieee")
-    else:
+        part += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+    elif PROMOTE == 0:
         acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-    return acc, pending
+    else:
+        part = tl.dot(a, tl.trans(b), part, input_precision="ieee")
+    if INTERPRET or PROMOTE > 0:
+        if flush:
+            acc += part
+            part = fresh
+    return acc, part
 
 
 @triton.jit
@@ -110,8 +109,11 @@ def _gemm_tile_pointers(
     w_ptrs = w_ptr + (cols % V).to(tl.int64)[:, None] * stride_w + ks[None, :]
     acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
     fresh = acc + zero
-    pending = fresh
+    part = fresh
     for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks, one float32 accumulator
+        flush = k0 + BLOCK_K >= H
+        if PROMOTE > 0:
+            flush = flush | ((k0 // BLOCK_K) % PROMOTE == PROMOTE - 1)
         if EVEN_K:
             a = tl.load(h_ptrs)
             b = tl.load(w_ptrs)
@@ -119,11 +121,9 @@ def _gemm_tile_pointers(
             k_ok = (k0 + ks) < H
             a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        acc, pending = _dot_block(a, b, acc, pending, fresh, INTERPRET, PROMOTE)
+        acc, part = _dot_block(a, b, acc, part, fresh, flush, INTERPRET, PROMOTE)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if PROMOTE == 2:
-        acc += pending
     return acc
 
 
@@ -319,13 +319,14 @@ def _partials_tma_kernel(
         pid_t, pid_v = _tile_coords(tile, T, V, BLOCK_T, BLOCK_V, GROUP_T)
         acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
         fresh = acc + zero
-        pending = fresh
+        part = fresh
         for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks
+            flush = k0 + BLOCK_K >= H
+        if PROMOTE > 0:
+            flush = flush | ((k0 // BLOCK_K) % PROMOTE == PROMOTE - 1)
             a = h_desc.load([pid_t * BLOCK_T, k0])
             b = w_desc.load([pid_v * BLOCK_V, k0])
-            acc, pending = _dot_block(a, b, acc, pending, fresh, INTERPRET, PROMOTE)
-        if PROMOTE == 2:
-            acc += pending
+            acc, part = _dot_block(a, b, acc, part, fresh, flush, INTERPRET, PROMOTE)
         _tile_partials(
             acc,
             t_ptr,
