@@ -322,8 +322,8 @@ def _partials_tma_kernel(
         part = fresh
         for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks
             flush = k0 + BLOCK_K >= H
-        if PROMOTE > 0:
-            flush = flush | ((k0 // BLOCK_K) % PROMOTE == PROMOTE - 1)
+            if PROMOTE > 0:
+                flush = flush | ((k0 // BLOCK_K) % PROMOTE == PROMOTE - 1)
             a = h_desc.load([pid_t * BLOCK_T, k0])
             b = w_desc.load([pid_v * BLOCK_V, k0])
             acc, part = _dot_block(a, b, acc, part, fresh, flush, INTERPRET, PROMOTE)
