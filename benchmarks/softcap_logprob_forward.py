@@ -108,13 +108,10 @@ def explore(args) -> dict:
     ]
     large = [  # (config, pinned blocks, softcap); the first is the default
         ({}, {}, CAP),
-        ({"promote": 0}, {}, CAP),
-        ({"promote": 2}, {}, CAP),
-        ({"promote": 4}, {}, CAP),
-        ({"promote": 8}, {}, CAP),
-        ({"promote": 2, "num_stages": 3}, {"block_k": 128}, CAP),
-        ({"promote": 4, "num_stages": 3}, {"block_k": 128}, CAP),
-        ({"promote": 4, "num_stages": 5}, {}, CAP),
+        ({}, {"promote": 0, "block_k": 64}, CAP),
+        ({"num_stages": 4}, {}, CAP),
+        ({"schedule": "persistent"}, {}, CAP),
+        ({"group_t": 16}, {}, CAP),
     ]
     configs = small if max(args.T) <= 64 else large
     rows = []

@@ -21,7 +21,7 @@ register(
     capability=((8, 0), (12, 1)),
     dtypes=("bfloat16", "float16", "float32"),
     plan={
-        "gemm_k": ReductionPlan(accumulate="float32", block=slp.BLOCK_K),
+        "gemm_k": ReductionPlan(accumulate="float32", block=slp.GEMM_K_BLOCK),
         "vocab_lse": ReductionPlan(
             accumulate="float32",
             block=slp.BLOCK_V,

@@ -7,17 +7,22 @@ import torch
 from opcontract.backends.triton import interpreting
 
 BLOCK_V = 128  # the contract's vocab_lse block: one partial per 128 columns
-BLOCK_K = 64  # gemm_k block, declared in the plan
+# gemm_k, as declared in the plan: the tensor cores sum GEMM_K_BLOCK elements of H into a
+# fresh float32 partial, and partials are added in ascending order with IEEE float32 adds.
+# (The tensor cores' own accumulation truncates: left to run over all of H = 6656 its
+# bias costs 3e-6 rel. error; promoted every 256 elements, 1e-7. H200 measurements in
+# benchmarks/results/softcap_logprob_forward_explore_h200.json.)
+GEMM_K_BLOCK = 256
+# The K step of one loaded tile, per dtype (shared memory: 3 stages of 128-row tiles).
+BLOCK_K = {"bfloat16": 128, "float16": 128, "float32": 64}
 
-# promote: each K block's partial leaves the tensor cores and is added in IEEE float32
-# (an order-determining choice: it is part of the declared gemm_k plan, not tunable).
-_BASE = {"programs_per_sm": 1, "group_t": 8, "promote": 1}
+_BASE = {"programs_per_sm": 1, "group_t": 8}
 DEFAULT_CONFIG = {
-    "bfloat16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},
-    "float16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 4},
-    "float32": {**_BASE, "schedule": "tiles", "block_t": 64, "num_warps": 8, "num_stages": 3},
+    "bfloat16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 3},
+    "float16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 3},
+    "float32": {**_BASE, "schedule": "tiles", "block_t": 32, "num_warps": 4, "num_stages": 2},
 }
-# Under the interpreter each K block is an explicit [block_t, 256, 64] product, capped
+# Under the interpreter each K step is an explicit [block_t, 128, BLOCK_K] product, capped
 # at 2**20 elements by Triton: smaller row tiles there (block_t never changes a row's bits).
 INTERPRETER_BLOCK_T = 32
 
@@ -65,7 +70,8 @@ def softcap_logprob_forward(
 ) -> torch.Tensor:
     """Float32 [T] log-probabilities. ``config`` takes keys of CONFIG_SPACE.
 
-    ``_pinned`` overrides the contract-pinned blocks (``block_v``, ``block_k``): for
+    ``_pinned`` overrides the contract-pinned blocks (``block_v``, ``block_k``,
+    ``promote``: K steps per promoted partial, 0 for never): for
     benchmarks exploring other contracts only; the result then breaks this contract.
     """
     from opcontract.backends.triton.softcap_logprob_kernels import (
@@ -78,7 +84,9 @@ def softcap_logprob_forward(
     cfg = default_config(str(hidden.dtype).removeprefix("torch."), hidden.shape[0])
     cfg.update(config or {})
     block_v = (_pinned or {}).get("block_v", BLOCK_V)
-    block_k = (_pinned or {}).get("block_k", BLOCK_K)
+    dtype = str(hidden.dtype).removeprefix("torch.")
+    block_k = (_pinned or {}).get("block_k", BLOCK_K[dtype])
+    promote = (_pinned or {}).get("promote", GEMM_K_BLOCK // block_k)
     T, H = hidden.shape
     V = weight.shape[0]
     out = torch.empty(T, dtype=torch.float32, device=hidden.device)
@@ -95,7 +103,7 @@ def softcap_logprob_forward(
     common = dict(
         HAS_CAP=softcap is not None,
         INTERPRET=interpreting(),
-        PROMOTE=cfg["promote"],
+        PROMOTE=promote,
         BLOCK_T=bt,
         BLOCK_V=block_v,
         BLOCK_K=block_k,
