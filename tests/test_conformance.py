@@ -8,7 +8,13 @@ import torch
 from opcontract.backends import registry
 from opcontract.backends.registry import CallInfo, implementations, rejection
 from opcontract.backends.torch.softcap_logprob import strict_forward
-from opcontract.conformance import CHECKS, check_accuracy, check_batch_invariance, runner_for
+from opcontract.conformance import (
+    CHECKS,
+    check_accuracy,
+    check_batch_invariance,
+    checks_for,
+    runner_for,
+)
 from opcontract.contracts import load_all
 from opcontract.dispatch.device import DeviceInfo
 
@@ -20,7 +26,7 @@ def _cases():
                 continue
             for dtype in impl.dtypes:
                 for ci, case in enumerate(c.conformance.cases):
-                    for check in ["accuracy", *c.invariance]:
+                    for check in checks_for(c):
                         yield pytest.param(
                             c,
                             impl,
@@ -52,7 +58,8 @@ def test_negative_control_accuracy_catches_bf16_logits():
 def _batch_dependent(hidden, weight, targets, **kw):
     # a perturbation that depends on the batch size: bits move with T
     out = strict_forward(hidden, weight, targets, **kw)
-    return out + (hidden.shape[0] % 3) * 1e-6 * out
+    lp = out.logprob + (hidden.shape[0] % 3) * 1e-6 * out.logprob
+    return out._replace(logprob=lp)
 
 
 def test_negative_control_batch_check_names_first_drift(monkeypatch):

@@ -15,7 +15,7 @@ def _yaml_with(old: str, new: str) -> str:
 
 def test_shipped_contract_loads_with_hash_and_lines():
     c = get_contract("softcap_logprob")
-    assert c.version == 1 and len(c.sha256) == 64
+    assert c.version == 2 and len(c.sha256) == 64
     assert c.reductions["vocab_lse"].block == 128
     assert c.float_dtypes() == ["bfloat16", "float16", "float32"]
     assert c.input_dtypes("weight") == c.input_dtypes("hidden")
@@ -52,7 +52,7 @@ def test_yaml_syntax_error_has_line():
 
 
 def test_duplicate_key_is_an_error():
-    text = _yaml_with("version: 1\n", "version: 1\nversion: 2\n")
+    text = _yaml_with("version: 2\n", "version: 2\nversion: 3\n")
     with pytest.raises(ContractFileError, match="duplicate key 'version'"):
         parse_contract(text)
 

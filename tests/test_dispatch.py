@@ -27,7 +27,7 @@ def test_provenance_names_contract_and_backend():
     from opcontract.contracts import get_contract
 
     c = get_contract("softcap_logprob")
-    assert (p.op, p.contract_version, p.contract_sha256) == ("softcap_logprob", 1, c.sha256)
+    assert (p.op, p.contract_version, p.contract_sha256) == ("softcap_logprob", 2, c.sha256)
     assert p.implementation == "torch.strict" and p.device == "cpu"
     assert p.dtypes == {"hidden": "float32", "weight": "float32", "targets": "int64"}
     assert p.params["softcap"] == 20.0

@@ -53,6 +53,7 @@ class Implementation:
     dtypes: tuple[str, ...]
     plan: Mapping[str, ReductionPlan]
     invariances: tuple[str, ...]
+    grad_invariances: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     features: tuple[str, ...] = ()
     capability: tuple[tuple[int, int], tuple[int, int]] | None = None
     config_space: Mapping[str, tuple] = field(default_factory=dict)
@@ -126,6 +127,13 @@ def declaration_problems(impl: Implementation, contract: Contract) -> list[str]:
     for inv in contract.invariance:
         if inv not in impl.invariances:
             out.append(f"does not guarantee '{inv}' invariance")
+    for name, invs in contract.grads.items():
+        if name not in impl.grad_invariances:
+            out.append(f"has no gradient for '{name}'")
+            continue
+        for inv in invs:
+            if inv not in impl.grad_invariances[name]:
+                out.append(f"gradient of '{name}' does not guarantee '{inv}' invariance")
     for feat in impl.features:
         if feat in contract.forbid:
             out.append(f"uses forbidden feature '{feat}'")

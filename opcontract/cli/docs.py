@@ -21,6 +21,14 @@ def _dtype(c: Contract, name: str) -> str:
     return f"same as `{spec.same_as}`" if isinstance(spec, SameAs) else ", ".join(spec)
 
 
+def _grad_lines(c: Contract) -> list[str]:
+    if not c.grads:
+        return []
+    grads = "; ".join(f"`{k}`: {', '.join(v) or 'none'}" for k, v in c.grads.items())
+    tol = ", ".join(f"{k} {v:g}" for k, v in c.grad_tolerance.items())
+    return [f"- gradients and their invariances: {grads}", f"- gradient tolerance: {tol}"]
+
+
 def render(c: Contract) -> str:
     sig = ", ".join(c.inputs)
     kw = ", ".join(f"{n}={p.default!r}" for n, p in c.params.items())
@@ -58,9 +66,24 @@ def render(c: Contract) -> str:
     ]
     for n, p in c.params.items():
         out.append(f"| `{n}` | {p.type} | `{p.default!r}` | {p.check or ''} | {p.doc} |")
-    out += ["", "## Outputs", "", "| name | shape | dtype | |", "| --- | --- | --- | --- |"]
+    out += [
+        "",
+        "## Outputs",
+        "",
+        "| name | shape | dtype | returned | differentiable | |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for n, o in c.outputs.items():
-        out.append(f"| `{n}` | [{', '.join(map(str, o.shape))}] | {o.dtype} | {o.doc} |")
+        when = f"when `{o.when}`" if o.when else "always"
+        out.append(
+            f"| `{n}` | [{', '.join(map(str, o.shape))}] | {o.dtype} | {when} | "
+            f"{'yes' if o.differentiable else 'no'} | {o.doc} |"
+        )
+    if c.named_result:
+        out.append(
+            f"\nWith an optional output asked for, the result is a `{c.named_result}` "
+            "named tuple, `None` in the fields not asked for."
+        )
     out += [
         "",
         "## Math",
@@ -91,6 +114,7 @@ def render(c: Contract) -> str:
         f"- forbidden: {', '.join(c.forbid)}",
         "- tolerance (‖out − ref‖/‖ref‖ vs the float64 oracle "
         f"`{c.reference}`): " + ", ".join(f"{k} {v:g}" for k, v in c.tolerance.items()),
+        *_grad_lines(c),
         "",
         "## Implementations",
         "",

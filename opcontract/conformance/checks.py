@@ -1,12 +1,15 @@
 """The conformance kit: checks any implementation can be run through.
 
-* accuracy: ||out - ref|| / ||ref|| against the contract's float64 oracle, within the
-  contract's tolerance for the dtype;
+* accuracy: every float output within the contract's tolerance of the float64 oracle
+  (||out - ref|| / ||ref||), every integer output equal to the oracle's;
 * batch invariance (``torch.equal``): rows computed alone, inside the batch, permuted,
   and with padding rows appended, all give the same bits;
-* run-to-run: two identical calls give the same bits.
+* run-to-run: two identical calls give the same bits;
+* for ops with gradients: gradient accuracy against float64 autograd of the oracle,
+  run-to-run equality of every gradient, and batch invariance of gradients that promise
+  it (a row's gradient depends only on that row and its upstream gradient).
 
-A failure's detail names the first mismatching element (a drift report).
+Optional outputs are all asked for. A failure's detail names the first mismatching element.
 """
 
 from __future__ import annotations
@@ -51,9 +54,20 @@ def outputs(result: Any) -> tuple[torch.Tensor, ...]:
     return tuple(r for r in result if isinstance(r, torch.Tensor))
 
 
+def named_outputs(contract: Contract, result: Any) -> dict[str, torch.Tensor]:
+    """The call's outputs by contract name (a lone tensor is the first output)."""
+    if isinstance(result, torch.Tensor):
+        return {next(iter(contract.outputs)): result}
+    return {n: getattr(result, n) for n in contract.outputs if getattr(result, n, None) is not None}
+
+
 def reference_fn(contract: Contract) -> Callable[..., Any]:
     module, _, name = contract.reference.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def with_optional_outputs(contract: Contract, params: dict) -> dict:
+    return {**params, **{o.when: True for o in contract.outputs.values() if o.when}}
 
 
 def drift(a: torch.Tensor, b: torch.Tensor, what: str) -> str:
@@ -78,6 +92,15 @@ def _equal(a: tuple, b: tuple, what: str) -> str | None:
     return None
 
 
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _case(contract, case, dtype, seed, device, sizes=None):
+    inputs, params = make_inputs(contract, case, dtype, sizes=sizes, seed=seed, device=device)
+    return inputs, with_optional_outputs(contract, params)
+
+
 def check_accuracy(
     run: Runner,
     contract: Contract,
@@ -86,18 +109,27 @@ def check_accuracy(
     seed: int = 0,
     device: str = "cpu",
 ) -> CheckResult:
-    inputs, params = make_inputs(contract, case, dtype, seed=seed, device=device)
-    out = outputs(run(**inputs, **params))[0]
-    ref = reference_fn(contract)(**inputs, **params)
-    err = ((out.double() - ref).norm() / ref.norm()).item()
+    inputs, params = _case(contract, case, dtype, seed, device)
+    outs = named_outputs(contract, run(**inputs, **params))
+    refs = named_outputs(contract, reference_fn(contract)(**inputs, **params))
     tol = contract.tolerance[dtype]
-    finite = bool(torch.isfinite(out).all())
-    ok = finite and err <= tol
+    worst, details = 0.0, []
+    for name, ref in refs.items():
+        out = outs.get(name)
+        if out is None:
+            return CheckResult("accuracy", False, f"output '{name}' missing")
+        if not ref.is_floating_point():
+            if not torch.equal(out.cpu(), ref.cpu()):
+                return CheckResult("accuracy", False, drift(out.cpu(), ref.cpu(), name))
+            details.append(f"{name} equal")
+            continue
+        if not bool(torch.isfinite(out).all()):
+            return CheckResult("accuracy", False, f"{name}: non-finite output")
+        err = _rel(out, ref)
+        worst = max(worst, err)
+        details.append(f"{name} {err:.3g}")
     return CheckResult(
-        "accuracy",
-        ok,
-        f"rel. error {err:.3g} (tolerance {tol:g})" + ("" if finite else "; non-finite output"),
-        err,
+        "accuracy", worst <= tol, f"rel. error {', '.join(details)} (tolerance {tol:g})", worst
     )
 
 
@@ -109,11 +141,31 @@ def check_run_to_run(
     seed: int = 0,
     device: str = "cpu",
 ) -> CheckResult:
-    inputs, params = make_inputs(contract, case, dtype, seed=seed, device=device)
-    a = outputs(run(**inputs, **params))
-    b = outputs(run(**inputs, **params))
-    bad = _equal(a, b, "second call")
+    inputs, params = _case(contract, case, dtype, seed, device)
+    bad = _equal(outputs(run(**inputs, **params)), outputs(run(**inputs, **params)), "second call")
     return CheckResult("run_to_run", bad is None, bad or "two calls bitwise equal")
+
+
+def _subsets(contract, case, dtype, seed, device, n, pad):
+    """(name, row index, padding inputs or None) for each batch arrangement checked."""
+    bdim = contract.conformance.batch_dim
+    gen = torch.Generator().manual_seed(seed + 1)
+    out = [
+        (f"row {i} alone vs in a batch of {n}", torch.tensor([i]), None)
+        for i in torch.randperm(n, generator=gen)[:3].tolist()
+    ]
+    out.append(("permuted batch", torch.randperm(n, generator=gen), None))
+    padding, _ = make_inputs(contract, case, dtype, sizes={bdim: pad}, seed=seed + 2, device=device)
+    out.append((f"batch with {pad} padding rows", torch.arange(n), padding))
+    out.append((f"first {n // 2} rows as a batch", torch.arange(n // 2), None))
+    return out
+
+
+def _take(inputs, batched, idx, extra=None):
+    sub = {k: (v[idx.to(v.device)] if k in batched else v) for k, v in inputs.items()}
+    if extra:
+        sub = {k: (torch.cat([sub[k], extra[k]]) if k in batched else sub[k]) for k in sub}
+    return sub
 
 
 def check_batch_invariance(
@@ -123,52 +175,136 @@ def check_batch_invariance(
     dtype: str,
     seed: int = 0,
     device: str = "cpu",
-    alone: int = 3,
     pad: int = 5,
 ) -> CheckResult:
-    """Rows alone, in the batch, permuted, and with ``pad`` random rows appended."""
-    bdim = contract.conformance.batch_dim
-    n = case.sizes[bdim]
-    inputs, params = make_inputs(contract, case, dtype, seed=seed, device=device)
+    """Rows alone, in the batch, permuted, with ``pad`` random rows appended, a prefix."""
+    n = case.sizes[contract.conformance.batch_dim]
+    inputs, params = _case(contract, case, dtype, seed, device)
     batched = batch_inputs(contract)
     full = outputs(run(**inputs, **params))
-
-    def rows(idx: torch.Tensor, extra: dict | None = None) -> tuple:
-        sub = {k: (v[idx.to(v.device)] if k in batched else v) for k, v in inputs.items()}
-        if extra:
-            sub = {k: (torch.cat([sub[k], extra[k]]) if k in batched else sub[k]) for k in sub}
-        return outputs(run(**sub, **params))
-
-    gen = torch.Generator().manual_seed(seed + 1)
-    for i in torch.randperm(n, generator=gen)[:alone].tolist():
-        bad = _equal(
-            rows(torch.tensor([i])),
-            tuple(o[i : i + 1] for o in full),
-            f"row {i} alone vs in a batch of {n}",
-        )
+    for what, idx, extra in _subsets(contract, case, dtype, seed, device, n, pad):
+        got = outputs(run(**_take(inputs, batched, idx, extra), **params))
+        got = tuple(o[: len(idx)] for o in got)
+        bad = _equal(got, tuple(o[idx.to(o.device)] for o in full), what)
         if bad:
             return CheckResult("batch", False, bad)
-    perm = torch.randperm(n, generator=gen)
-    bad = _equal(rows(perm), tuple(o[perm.to(o.device)] for o in full), "permuted batch")
+    return CheckResult("batch", True, f"alone x3, permuted, padded +{pad}, prefix: equal")
+
+
+def _grads(fn, contract, inputs, params, upstream):
+    """Gradients of sum(out * upstream[out]) over the differentiable outputs."""
+    leaves = {
+        k: (v.detach().clone().requires_grad_(True) if k in contract.grads else v)
+        for k, v in inputs.items()
+    }
+    outs = named_outputs(contract, fn(**leaves, **params))
+    loss = sum((outs[n].double() * upstream[n].double()).sum() for n in upstream)
+    grads = torch.autograd.grad(loss, [leaves[k] for k in contract.grads])
+    return dict(zip(contract.grads, grads, strict=True))
+
+
+def _upstream(contract, n, seed, device, extra_rows=0):
+    gen = torch.Generator().manual_seed(seed + 7)
+    return {
+        name: torch.randn(n + extra_rows, generator=gen).to(device)
+        for name, o in contract.outputs.items()
+        if o.differentiable
+    }
+
+
+def check_grad_accuracy(
+    run: Runner,
+    contract: Contract,
+    case: ConformanceCase,
+    dtype: str,
+    seed: int = 0,
+    device: str = "cpu",
+) -> CheckResult:
+    inputs, params = _case(contract, case, dtype, seed, device)
+    up = _upstream(contract, case.sizes[contract.conformance.batch_dim], seed, device)
+    got = _grads(run, contract, inputs, params, up)
+    as64 = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    ref = _grads(reference_fn(contract), contract, as64, params, up)
+    tol = contract.grad_tolerance[dtype]
+    errs = {k: _rel(got[k], ref[k]) for k in got}
+    bad = [k for k in got if got[k].dtype != inputs[k].dtype]
     if bad:
-        return CheckResult("batch", False, bad)
-    padding, _ = make_inputs(contract, case, dtype, sizes={bdim: pad}, seed=seed + 2, device=device)
-    padded = rows(torch.arange(n), padding)
-    bad = _equal(tuple(o[:n] for o in padded), full, f"batch with {pad} padding rows")
-    if bad:
-        return CheckResult("batch", False, bad)
-    half = rows(torch.arange(n // 2))
-    bad = _equal(half, tuple(o[: n // 2] for o in full), f"first {n // 2} rows as a batch")
-    if bad:
-        return CheckResult("batch", False, bad)
-    return CheckResult("batch", True, f"alone x{alone}, permuted, padded +{pad}, prefix: equal")
+        return CheckResult("grad_accuracy", False, f"gradient of {bad} not in the input dtype")
+    worst = max(errs.values())
+    return CheckResult(
+        "grad_accuracy",
+        worst <= tol,
+        ", ".join(f"grad {k} {e:.3g}" for k, e in errs.items()) + f" (tolerance {tol:g})",
+        worst,
+    )
+
+
+def check_grad_run_to_run(
+    run: Runner,
+    contract: Contract,
+    case: ConformanceCase,
+    dtype: str,
+    seed: int = 0,
+    device: str = "cpu",
+) -> CheckResult:
+    inputs, params = _case(contract, case, dtype, seed, device)
+    up = _upstream(contract, case.sizes[contract.conformance.batch_dim], seed, device)
+    a = _grads(run, contract, inputs, params, up)
+    b = _grads(run, contract, inputs, params, up)
+    bad = _equal(tuple(a.values()), tuple(b.values()), "gradients of a second call")
+    return CheckResult("grad_run_to_run", bad is None, bad or "gradients bitwise equal")
+
+
+def check_grad_batch_invariance(
+    run: Runner,
+    contract: Contract,
+    case: ConformanceCase,
+    dtype: str,
+    seed: int = 0,
+    device: str = "cpu",
+    pad: int = 5,
+) -> CheckResult:
+    """Rows of gradients promised batch-invariant, under the arrangements of ``batch``."""
+    names = [k for k, inv in contract.grads.items() if "batch" in inv]
+    n = case.sizes[contract.conformance.batch_dim]
+    inputs, params = _case(contract, case, dtype, seed, device)
+    batched = batch_inputs(contract)
+    up = _upstream(contract, n, seed, device, extra_rows=pad)
+    full = _grads(run, contract, inputs, params, {k: v[:n] for k, v in up.items()})
+    for what, idx, extra in _subsets(contract, case, dtype, seed, device, n, pad):
+        rows = idx.to(device)
+        sub_up = {k: v[rows] for k, v in up.items()}
+        if extra is not None:
+            sub_up = {k: torch.cat([sub_up[k], v[n:]]) for k, v in up.items()}
+        got = _grads(run, contract, _take(inputs, batched, idx, extra), params, sub_up)
+        bad = _equal(
+            tuple(got[k][: len(idx)] for k in names),
+            tuple(full[k][rows] for k in names),
+            f"gradient rows, {what}",
+        )
+        if bad:
+            return CheckResult("grad_batch", False, bad)
+    return CheckResult("grad_batch", True, f"{names}: alone, permuted, padded, prefix: equal")
 
 
 CHECKS = {
     "accuracy": check_accuracy,
     "run_to_run": check_run_to_run,
     "batch": check_batch_invariance,
+    "grad_accuracy": check_grad_accuracy,
+    "grad_run_to_run": check_grad_run_to_run,
+    "grad_batch": check_grad_batch_invariance,
 }
+
+
+def checks_for(contract: Contract) -> list[str]:
+    """Every check the contract owes."""
+    names = ["accuracy", *contract.invariance]
+    if contract.grads:
+        names += ["grad_accuracy", "grad_run_to_run"]
+        if any("batch" in inv for inv in contract.grads.values()):
+            names.append("grad_batch")
+    return names
 
 
 def run_kit(
@@ -178,7 +314,7 @@ def run_kit(
     run = runner_for(impl)
     results = []
     for ci, case in enumerate(contract.conformance.cases):
-        for name in ["accuracy", *contract.invariance]:
+        for name in checks_for(contract):
             r = CHECKS[name](run, contract, case, dtype, seed=seed + ci, device=device)
             results.append(CheckResult(f"case{ci}.{r.check}", r.ok, r.detail, r.value))
     return results

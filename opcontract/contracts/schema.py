@@ -34,7 +34,7 @@ Feature = Literal[
     "undeclared_cast",  # rounds an intermediate to a dtype at a point the epilogue doesn't list
 ]
 
-Merge = Literal["add", "online_max_rescale", "max"]
+Merge = Literal["add", "online_max_rescale", "max", "argmax_lowest"]
 
 
 class _Strict(BaseModel):
@@ -68,6 +68,8 @@ class ParamSpec(_Strict):
 class OutputSpec(_Strict):
     shape: list[str | int]
     dtype: DType
+    when: str | None = Field(None, description="bool param that asks for this output")
+    differentiable: bool = False
     doc: str = ""
 
 
@@ -83,11 +85,12 @@ class Reduction(_Strict):
     """
 
     over: str
-    accumulate: Literal["float32", "float64"]
+    accumulate: Literal["float32", "float64", "int64"]
     block: int | Literal["impl"]
     order: Literal["ascending"] = "ascending"
     merge: Merge = "add"
     split: Literal["none", "fixed_blocks"] = "none"
+    phase: Literal["forward", "backward"] = "forward"
     doc: str = ""
 
 
@@ -97,7 +100,7 @@ class ReductionPlan(_Strict):
     ``block="library"`` means a vendor library chooses (the order is not declared).
     """
 
-    accumulate: Literal["float32", "float64"]
+    accumulate: Literal["float32", "float64", "int64"]
     block: int | Literal["library"]
     order: Literal["ascending", "library"] = "ascending"
     merge: Merge = "add"
@@ -106,7 +109,7 @@ class ReductionPlan(_Strict):
 
 class EpilogueCast(_Strict):
     at: str
-    to: DType
+    to: DType | Literal["input"] = Field(description="a dtype, or 'input': the served dtype")
     doc: str = ""
 
 
@@ -129,12 +132,19 @@ class Contract(_Strict):
     inputs: dict[str, TensorSpec]
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     outputs: dict[str, OutputSpec]
+    named_result: str | None = Field(
+        None, description="type of the named tuple returned when an optional output is asked for"
+    )
+    grads: dict[str, list[Invariance]] = Field(
+        default_factory=dict, description="inputs that get gradients, and what each guarantees"
+    )
     math: str
     reductions: dict[str, Reduction]
     epilogue: list[EpilogueCast]
     invariance: list[Invariance]
     forbid: list[Feature]
     tolerance: dict[DType, float]
+    grad_tolerance: dict[DType, float] = Field(default_factory=dict)
     reference: str
     conformance: ConformanceSpec
 
@@ -263,14 +273,27 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
         for d in o.shape:
             if isinstance(d, str) and d not in symbols:
                 out.append((("outputs", name, "shape"), f"symbol '{d}' is bound by no input"))
+    for name, o in c.outputs.items():
+        if o.when is not None and (o.when not in c.params or c.params[o.when].type != "bool"):
+            out.append((("outputs", name, "when"), f"'{o.when}' is not a bool param"))
+    optional = [n for n, o in c.outputs.items() if o.when]
+    if optional and not c.named_result:
+        out.append((("outputs",), f"optional outputs {optional} need a named_result"))
+    for name in c.grads:
+        if name not in c.inputs:
+            out.append((("grads", name), f"'{name}' is not an input"))
+    if c.grads:
+        for dt in c.float_dtypes():
+            if dt not in c.grad_tolerance:
+                out.append((("grad_tolerance",), f"no gradient tolerance for served dtype {dt}"))
     for name, r in c.reductions.items():
         if r.over not in symbols:
             out.append((("reductions", name, "over"), f"'{r.over}' is not a shape symbol"))
-    points = {f"{r}.out" for r in c.reductions} | set(c.outputs)
+    points = {f"{r}.{e}" for r in c.reductions for e in ("in", "out")} | set(c.outputs)
     for i, e in enumerate(c.epilogue):
         if e.at not in points:
             out.append(
-                (("epilogue", i, "at"), f"'{e.at}' is neither an output nor '<reduction>.out'")
+                (("epilogue", i, "at"), f"'{e.at}' is neither an output nor '<reduction>.in|out'")
             )
     for dt in c.float_dtypes():
         if dt not in c.tolerance:

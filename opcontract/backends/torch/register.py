@@ -13,6 +13,10 @@ def _call(fn):
     return lambda config, **kw: fn(**kw)
 
 
+def _plan(**kw) -> ReductionPlan:
+    return ReductionPlan(accumulate="float32", **kw)
+
+
 register(
     op="softcap_logprob",
     backend="torch",
@@ -21,16 +25,22 @@ register(
     devices=("cpu", "cuda"),
     dtypes=_FLOATS,
     plan={
-        "gemm_k": ReductionPlan(accumulate="float32", block=1),
-        "vocab_lse": ReductionPlan(
-            accumulate="float32", block=slp.VOCAB_BLOCK, merge="online_max_rescale", split="none"
+        "gemm_k": _plan(block=1),
+        "vocab_lse": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale"),
+        "vocab_entropy": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale"),
+        "vocab_argmax": ReductionPlan(
+            accumulate="int64", block=slp.VOCAB_BLOCK, merge="argmax_lowest"
         ),
+        "grad_hidden_v": _plan(block=slp.GRAD_CHUNK),
+        "grad_weight_t": _plan(block=1),
     },
     invariances=("run_to_run", "batch"),
+    grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
     priority={"cpu": 10, "cuda": 1},
     summary="portable strict path: elementwise float32 ops in the contract's order",
 )
 
+_LIBRARY = _plan(block="library", order="library", split="library")
 register(
     op="softcap_logprob",
     backend="torch",
@@ -39,18 +49,14 @@ register(
     devices=("cpu", "cuda"),
     dtypes=_FLOATS,
     plan={
-        "gemm_k": ReductionPlan(
-            accumulate="float32", block="library", order="library", split="library"
-        ),
-        "vocab_lse": ReductionPlan(
-            accumulate="float32",
-            block="library",
-            order="library",
-            split="library",
-            merge="online_max_rescale",
-        ),
+        "gemm_k": _LIBRARY,
+        "vocab_lse": _LIBRARY,
+        "vocab_entropy": _LIBRARY,
+        "grad_hidden_v": _LIBRARY,
+        "grad_weight_t": _LIBRARY,
     },
     invariances=(),
+    grad_invariances={"hidden": (), "weight": ()},
     features=("library_gemm", "full_logits", "undeclared_cast"),
     relaxed_only=True,
     priority={"cpu": 1, "cuda": 1},

@@ -5,30 +5,32 @@ add), so the order of every reduction is written in this file and nowhere else:
 
 * gemm_k: one float32 accumulator per logit; the K dimension is walked one element at a
   time in ascending order (block 1): ``acc = acc + h[:, k] * w[:, k]``.
-* vocab_lse: the vocabulary is walked in blocks of ``VOCAB_BLOCK``; within a block the
-  sum of exponentials is a fixed pairwise tree (halving the width each step); block
-  partials are merged in ascending order with the online max rescale.
+* vocab_lse / vocab_entropy: the vocabulary is walked in blocks of ``VOCAB_BLOCK``; within
+  a block, sums are a fixed pairwise tree (halving the width each step); block partials
+  merge in ascending order with the online max rescale.
+* vocab_argmax: per block (max, first index at the max); a later block wins only with a
+  strictly larger max.
+* grad_hidden_v: chunks of ``GRAD_CHUNK`` columns in ascending order, each chunk's
+  partial summed over its columns one at a time, then added to a float32 buffer.
+* grad_weight_t: one float32 accumulator per element, the tokens walked one at a time.
 """
 
 from __future__ import annotations
 
 import torch
 
+from opcontract.outputs import LogprobOutput
+
 VOCAB_BLOCK = 128
+GRAD_CHUNK = 4096
 
 
-def _softcap(y: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    if softcap is None:
-        return y
-    return softcap * torch.tanh(y / softcap)
-
-
-def _capped_logits(acc: torch.Tensor, multiplier: float, softcap: float | None) -> torch.Tensor:
-    """The contract's float32 epilogue: softcap * tanh(acc * (multiplier / softcap))."""
-    if softcap is None:
-        return acc * multiplier
-    scale = torch.tensor(multiplier / softcap, dtype=torch.float32, device=acc.device)
-    return softcap * torch.tanh(acc * scale)
+def _result(logprob, entropy, predicted, return_entropy, return_predicted):
+    if not (return_entropy or return_predicted):
+        return logprob
+    return LogprobOutput(
+        logprob, entropy if return_entropy else None, predicted if return_predicted else None
+    )
 
 
 def reference(
@@ -39,19 +41,21 @@ def reference(
     multiplier: float = 1.0,
     softcap: float | None = None,
     ignore_index: int = -100,
-    row_block: int = 256,
-) -> torch.Tensor:
-    """Float64 oracle: the contract's math with every operation in float64. Returns float64 [T]."""
-    w = weight.double()
-    out = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
-    for r0 in range(0, hidden.shape[0], row_block):
-        h = hidden[r0 : r0 + row_block].double()
-        z = _softcap((h @ w.T) * multiplier, softcap)
-        t = targets[r0 : r0 + row_block].long()
-        keep = t != ignore_index
-        zt = z.gather(1, torch.where(keep, t, 0)[:, None])[:, 0]
-        out[r0 : r0 + row_block] = torch.where(keep, zt - torch.logsumexp(z, dim=1), 0.0)
-    return out
+    return_entropy: bool = False,
+    return_predicted: bool = False,
+):
+    """Float64 oracle of the contract's math (differentiable). Float64 [T] outputs."""
+    h = hidden.double()
+    y = (h @ weight.double().T) * multiplier
+    z = y if softcap is None else softcap * torch.tanh(y / softcap)
+    t = targets.long()
+    keep = t != ignore_index
+    lse = torch.logsumexp(z, dim=1)
+    zt = z.gather(1, torch.where(keep, t, 0)[:, None])[:, 0]
+    logprob = torch.where(keep, zt - lse, 0.0)
+    entropy = lse - (torch.softmax(z, dim=1) * z).sum(1) if return_entropy else None
+    predicted = z.argmax(dim=1) if return_predicted else None
+    return _result(logprob, entropy, predicted, return_entropy, return_predicted)
 
 
 def _pairwise_sum(x: torch.Tensor) -> torch.Tensor:
@@ -62,6 +66,152 @@ def _pairwise_sum(x: torch.Tensor) -> torch.Tensor:
     return x[..., 0]
 
 
+def _block_logits(
+    h32: torch.Tensor, weight: torch.Tensor, v0: int, multiplier: float, softcap: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """z, tanh value t (None without a cap) and validity of VOCAB_BLOCK columns from v0."""
+    T, H = h32.shape
+    V = weight.shape[0]
+    nv = min(VOCAB_BLOCK, V - v0)
+    w = torch.zeros(VOCAB_BLOCK, H, dtype=torch.float32, device=h32.device)
+    w[:nv] = weight[v0 : v0 + nv].float()
+    acc = torch.zeros(T, VOCAB_BLOCK, dtype=torch.float32, device=h32.device)
+    for k in range(H):  # gemm_k: ascending, one rounding per multiply and per add
+        acc = acc + h32[:, k : k + 1] * w[:, k]
+    if softcap is None:
+        z, t = acc * multiplier, None
+    else:  # the contract's scale: multiplier / softcap formed in float64, rounded once
+        scale = torch.tensor(multiplier / softcap, dtype=torch.float32, device=h32.device)
+        t = torch.tanh(acc * scale)
+        z = softcap * t
+    valid = torch.arange(VOCAB_BLOCK, device=h32.device) < nv
+    return z, t, valid
+
+
+def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index):
+    """(logprob, entropy, predicted, lse, mean_z): every output plus what backward needs."""
+    T = hidden.shape[0]
+    V = weight.shape[0]
+    dev = hidden.device
+    h = hidden.float()
+    t = targets.long()
+    f32 = dict(dtype=torch.float32, device=dev)
+    run_max = torch.full((T,), float("-inf"), **f32)
+    run_sum = torch.zeros(T, **f32)
+    run_zsum = torch.zeros(T, **f32)
+    arg_max = torch.full((T,), float("-inf"), **f32)
+    arg_idx = torch.zeros(T, dtype=torch.int64, device=dev)
+    z_target = torch.zeros(T, **f32)
+    for v0 in range(0, V, VOCAB_BLOCK):  # ascending vocabulary blocks: the bits depend on it
+        z, _, valid = _block_logits(h, weight, v0, multiplier, softcap)
+        z = torch.where(valid, z, float("-inf"))
+        m_b = z.max(dim=1).values
+        e = torch.exp(z - m_b[:, None])
+        s_b = _pairwise_sum(e)
+        w_b = _pairwise_sum(torch.where(valid, e * z, 0.0))
+        new_max = torch.maximum(run_max, m_b)
+        old_scale, b_scale = torch.exp(run_max - new_max), torch.exp(m_b - new_max)
+        run_sum = run_sum * old_scale + s_b * b_scale
+        run_zsum = run_zsum * old_scale + w_b * b_scale
+        run_max = new_max
+        first = (z == m_b[:, None]).int().argmax(dim=1) + v0
+        arg_idx = torch.where(m_b > arg_max, first, arg_idx)
+        arg_max = torch.maximum(arg_max, m_b)
+        hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
+        zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
+        z_target = torch.where(hit, zt, z_target)
+    lse = run_max + torch.log(run_sum)
+    mean_z = run_zsum / run_sum
+    logprob = torch.where(t != ignore_index, z_target - lse, 0.0)
+    return logprob, lse - mean_z, arg_idx, lse, mean_z
+
+
+def strict_backward(
+    hidden,
+    weight,
+    targets,
+    lse,
+    mean_z,
+    grad_logprob,
+    grad_entropy,
+    multiplier,
+    softcap,
+    ignore_index,
+    need_hidden=True,
+    need_weight=True,
+):
+    """grad_hidden and grad_weight in the contract's order (see the module docstring)."""
+    T, H = hidden.shape
+    V = weight.shape[0]
+    dev = hidden.device
+    h = hidden.float()
+    t = targets.long()
+    gl = torch.where(t != ignore_index, grad_logprob.float(), 0.0)
+    ge = grad_entropy.float() if grad_entropy is not None else None
+    grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev)
+    grad_w = torch.zeros(V, H, dtype=torch.float32, device=dev)
+    for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
+        chunk_h = torch.zeros(T, H, dtype=torch.float32, device=dev)
+        for v0 in range(c0, min(c0 + GRAD_CHUNK, V), VOCAB_BLOCK):
+            z, tanh_z, valid = _block_logits(h, weight, v0, multiplier, softcap)
+            p = torch.exp(z - lse[:, None])
+            cols = torch.arange(v0, v0 + VOCAB_BLOCK, device=dev)
+            gz = gl[:, None] * ((cols[None, :] == t[:, None]).float() - p)
+            if ge is not None:
+                gz = gz - ge[:, None] * p * (z - mean_z[:, None])
+            dz = multiplier if softcap is None else multiplier * (1.0 - tanh_z * tanh_z)
+            g = torch.where(valid, gz * dz, 0.0).to(hidden.dtype).float()  # declared cast
+            nv = int(valid.sum())
+            if need_weight:
+                acc = torch.zeros(nv, H, dtype=torch.float32, device=dev)
+                for i in range(T):  # grad_weight_t: tokens in ascending order
+                    acc = acc + g[i, :nv, None] * h[i]
+                grad_w[v0 : v0 + nv] = acc
+            if need_hidden:
+                w = weight[v0 : v0 + nv].float()
+                for j in range(nv):  # within the chunk: columns in ascending order
+                    chunk_h = chunk_h + g[:, j : j + 1] * w[j]
+        grad_h = grad_h + chunk_h
+    return (
+        grad_h.to(hidden.dtype) if need_hidden else None,
+        grad_w.to(weight.dtype) if need_weight else None,
+    )
+
+
+class StrictSoftcapLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, multiplier, softcap, ignore_index):
+        logprob, entropy, predicted, lse, mean_z = strict_forward_all(
+            hidden, weight, targets, multiplier, softcap, ignore_index
+        )
+        ctx.save_for_backward(hidden, weight, targets, lse, mean_z)
+        ctx.params = (multiplier, softcap, ignore_index)
+        ctx.mark_non_differentiable(predicted)
+        return logprob, entropy, predicted
+
+    @staticmethod
+    def backward(ctx, g_logprob, g_entropy, _g_predicted):
+        hidden, weight, targets, lse, mean_z = ctx.saved_tensors
+        multiplier, softcap, ignore_index = ctx.params
+        if g_logprob is None:
+            g_logprob = torch.zeros_like(lse)
+        gh, gw = strict_backward(
+            hidden,
+            weight,
+            targets,
+            lse,
+            mean_z,
+            g_logprob,
+            g_entropy,
+            multiplier,
+            softcap,
+            ignore_index,
+            ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1],
+        )
+        return gh, gw, None, None, None, None
+
+
 def strict_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -70,35 +220,14 @@ def strict_forward(
     multiplier: float = 1.0,
     softcap: float | None = None,
     ignore_index: int = -100,
-) -> torch.Tensor:
-    """The contract's math in the contract's order, on any torch device. Float32 [T]."""
-    T, H = hidden.shape
-    V = weight.shape[0]
-    h = hidden.float()
-    t = targets.long()
-    run_max = torch.full((T,), float("-inf"), dtype=torch.float32, device=hidden.device)
-    run_sum = torch.zeros(T, dtype=torch.float32, device=hidden.device)
-    z_target = torch.zeros(T, dtype=torch.float32, device=hidden.device)
-    for v0 in range(0, V, VOCAB_BLOCK):  # ascending vocabulary blocks: the bits depend on it
-        w = torch.zeros(VOCAB_BLOCK, H, dtype=torch.float32, device=hidden.device)
-        nv = min(VOCAB_BLOCK, V - v0)
-        w[:nv] = weight[v0 : v0 + nv].float()
-        acc = torch.zeros(T, VOCAB_BLOCK, dtype=torch.float32, device=hidden.device)
-        for k in range(H):  # gemm_k: ascending, one rounding per multiply and per add
-            acc = acc + h[:, k : k + 1] * w[:, k]
-        z = _capped_logits(acc, multiplier, softcap)
-        valid = torch.arange(VOCAB_BLOCK, device=hidden.device) < nv
-        z = torch.where(valid, z, float("-inf"))
-        m_b = z.max(dim=1).values
-        s_b = _pairwise_sum(torch.exp(z - m_b[:, None]))
-        new_max = torch.maximum(run_max, m_b)
-        run_sum = run_sum * torch.exp(run_max - new_max) + s_b * torch.exp(m_b - new_max)
-        run_max = new_max
-        hit = (t >= v0) & (t < v0 + nv)
-        zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
-        z_target = torch.where(hit, zt, z_target)
-    lse = run_max + torch.log(run_sum)
-    return torch.where(t != ignore_index, z_target - lse, 0.0)
+    return_entropy: bool = False,
+    return_predicted: bool = False,
+):
+    """The contract's math in the contract's order, on any torch device; differentiable."""
+    logprob, entropy, predicted = StrictSoftcapLogprob.apply(
+        hidden, weight, targets, multiplier, softcap, ignore_index
+    )
+    return _result(logprob, entropy, predicted, return_entropy, return_predicted)
 
 
 def eager_forward(
@@ -109,10 +238,16 @@ def eager_forward(
     multiplier: float = 1.0,
     softcap: float | None = None,
     ignore_index: int = -100,
-) -> torch.Tensor:
+    return_entropy: bool = False,
+    return_predicted: bool = False,
+):
     """Stock eager: library GEMM, logits rounded to the input dtype, full [T, V] in memory."""
-    z = _softcap((hidden @ weight.T).float() * multiplier, softcap)
+    y = (hidden @ weight.T).float() * multiplier
+    z = y if softcap is None else softcap * torch.tanh(y / softcap)
     t = targets.long()
     keep = t != ignore_index
-    logp = torch.log_softmax(z, dim=-1).gather(1, torch.where(keep, t, 0)[:, None])[:, 0]
-    return torch.where(keep, logp, 0.0)
+    logp_all = torch.log_softmax(z, dim=-1)
+    logp = torch.where(keep, logp_all.gather(1, torch.where(keep, t, 0)[:, None])[:, 0], 0.0)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if return_entropy else None
+    predicted = z.argmax(-1) if return_predicted else None
+    return _result(logp, entropy, predicted, return_entropy, return_predicted)

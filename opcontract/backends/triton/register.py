@@ -22,6 +22,17 @@ register(
     dtypes=("bfloat16", "float16", "float32"),
     plan={
         "gemm_k": ReductionPlan(accumulate="float32", block=slp.GEMM_K_BLOCK),
+        "vocab_entropy": ReductionPlan(
+            accumulate="float32",
+            block=slp.BLOCK_V,
+            merge="online_max_rescale",
+            split="fixed_blocks",
+        ),
+        "vocab_argmax": ReductionPlan(
+            accumulate="int64", block=slp.BLOCK_V, merge="argmax_lowest", split="fixed_blocks"
+        ),
+        "grad_hidden_v": ReductionPlan(accumulate="float32", block=slp.GRAD_CHUNK),
+        "grad_weight_t": ReductionPlan(accumulate="float32", block=slp.GEMM_K_BLOCK),
         "vocab_lse": ReductionPlan(
             accumulate="float32",
             block=slp.BLOCK_V,
@@ -30,6 +41,7 @@ register(
         ),
     },
     invariances=("run_to_run", "batch"),
+    grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
     features=("approx_transcendentals",),
     config_space=slp.CONFIG_SPACE,
     default_config=lambda call: slp.default_config(call.dtype, call.sizes.get("T")),

@@ -1,10 +1,11 @@
-"""Host wrapper of the Triton softcap_logprob forward: shapes, buffers, grids."""
+"""Host code of the Triton softcap_logprob: shapes, buffers, grids, the autograd Function."""
 
 from __future__ import annotations
 
 import torch
 
 from opcontract.backends.triton import interpreting
+from opcontract.outputs import LogprobOutput
 
 BLOCK_V = 128  # the contract's vocab_lse block: one partial per 128 columns
 # gemm_k, as declared in the plan: the tensor cores sum GEMM_K_BLOCK elements of H into a
@@ -39,6 +40,12 @@ CONFIG_SPACE = {
 # Decode-sized calls (T <= 64) waste half of a 128-row tile's MMA work: 64-row tiles.
 # block_t, num_warps and programs_per_sm leave every output bit unchanged (verified on the
 # H200: benchmarks/results/softcap_logprob_forward_explore_h200.json).
+# Backward: grad_hidden accumulates one vocabulary chunk at a time (the contract's
+# grad_hidden_v block); the gradient GEMMs promote every GEMM_K_BLOCK elements of K too.
+GRAD_CHUNK = 4096
+GRAD_GEMM = {"block_m": 128, "block_n": 128, "group_m": 8, "num_warps": 8, "num_stages": 3}
+GRAD_GEMM_INTERPRETER = {"block_m": 32, "block_n": 64}
+
 SMALL_T = 64
 SMALL_T_CONFIG = {"block_t": 64, "num_warps": 4, "programs_per_sm": 2}
 
@@ -57,157 +64,6 @@ def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def softcap_logprob_forward(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    multiplier: float = 1.0,
-    softcap: float | None = None,
-    ignore_index: int = -100,
-    config: dict | None = None,
-    _pinned: dict | None = None,
-) -> torch.Tensor:
-    """Float32 [T] log-probabilities. ``config`` takes keys of CONFIG_SPACE.
-
-    ``_pinned`` overrides the contract-pinned blocks (``block_v``, ``block_k``,
-    ``promote``: K steps per promoted partial, 0 for never): for
-    benchmarks exploring other contracts only; the result then breaks this contract.
-    """
-    from opcontract.backends.triton.softcap_logprob_kernels import (
-        _merge_kernel,
-        _partials_kernel,
-        _partials_persistent_kernel,
-        _partials_tma_kernel,
-    )
-
-    cfg = default_config(str(hidden.dtype).removeprefix("torch."), hidden.shape[0])
-    cfg.update(config or {})
-    block_v = (_pinned or {}).get("block_v", BLOCK_V)
-    dtype = str(hidden.dtype).removeprefix("torch.")
-    block_k = (_pinned or {}).get("block_k", BLOCK_K[dtype])
-    promote = (_pinned or {}).get("promote", GEMM_K_BLOCK // block_k)
-    T, H = hidden.shape
-    V = weight.shape[0]
-    out = torch.empty(T, dtype=torch.float32, device=hidden.device)
-    if T == 0:
-        return out
-    hidden = _rows_contiguous(hidden)
-    weight = _rows_contiguous(weight)
-    targets = targets.contiguous()
-    n_blocks = triton_cdiv(V, block_v)
-    pmax = torch.empty((n_blocks, T), dtype=torch.float32, device=hidden.device)
-    psum = torch.empty_like(pmax)
-    z_t = torch.empty(T, dtype=torch.float32, device=hidden.device)
-    bt = cfg["block_t"]
-    common = dict(
-        HAS_CAP=softcap is not None,
-        INTERPRET=interpreting(),
-        PROMOTE=promote,
-        BLOCK_T=bt,
-        BLOCK_V=block_v,
-        BLOCK_K=block_k,
-        GROUP_T=cfg["group_t"],
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
-    if softcap is None:
-        scalars = (float(multiplier), 1.0, 0.0)
-    else:  # the contract's scale: multiplier / softcap in float64, rounded once to float32
-        scalars = (multiplier / softcap, float(softcap), 0.0)
-    n_tiles = triton_cdiv(T, bt) * n_blocks
-    schedule = cfg["schedule"]
-    if schedule == "tiles":
-        _partials_kernel[(n_tiles,)](
-            hidden,
-            weight,
-            targets,
-            pmax,
-            psum,
-            z_t,
-            T,
-            V,
-            H,
-            hidden.stride(0),
-            weight.stride(0),
-            *scalars,
-            EVEN_K=H % block_k == 0,
-            **common,
-        )
-    else:
-        programs = min(n_tiles, _num_sms(hidden.device) * cfg["programs_per_sm"])
-        if schedule == "persistent":
-            _partials_persistent_kernel[(programs,)](
-                hidden,
-                weight,
-                targets,
-                pmax,
-                psum,
-                z_t,
-                T,
-                V,
-                H,
-                hidden.stride(0),
-                weight.stride(0),
-                *scalars,
-                EVEN_K=H % block_k == 0,
-                NUM_PROGRAMS=programs,
-                **common,
-            )
-        elif schedule == "tma" and _tma_ok(hidden, weight):
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            h_desc = TensorDescriptor.from_tensor(hidden, [bt, block_k])
-            w_desc = TensorDescriptor.from_tensor(weight, [block_v, block_k])
-            _partials_tma_kernel[(programs,)](
-                h_desc,
-                w_desc,
-                targets,
-                pmax,
-                psum,
-                z_t,
-                T,
-                V,
-                H,
-                *scalars,
-                NUM_PROGRAMS=programs,
-                **common,
-            )
-        elif schedule == "tma":  # rows not 16-byte aligned: same tiles, same bits, no TMA
-            _partials_persistent_kernel[(programs,)](
-                hidden,
-                weight,
-                targets,
-                pmax,
-                psum,
-                z_t,
-                T,
-                V,
-                H,
-                hidden.stride(0),
-                weight.stride(0),
-                *scalars,
-                EVEN_K=H % block_k == 0,
-                NUM_PROGRAMS=programs,
-                **common,
-            )
-        else:
-            raise ValueError(f"unknown schedule {schedule!r}; one of {CONFIG_SPACE['schedule']}")
-    block_r = 128
-    _merge_kernel[(triton_cdiv(T, block_r),)](
-        pmax,
-        psum,
-        z_t,
-        targets,
-        out,
-        T,
-        n_blocks,
-        int(ignore_index),
-        BLOCK_R=block_r,
-    )
-    return out
-
-
 def _tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA descriptors need 16-byte aligned base pointers and row strides."""
     return all(
@@ -221,5 +77,350 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _scalars(multiplier: float, softcap: float | None) -> tuple[float, float]:
+    if softcap is None:
+        return float(multiplier), 1.0
+    return multiplier / softcap, float(softcap)  # multiplier / softcap in float64, rounded once
+
+
+def forward_all(
+    hidden,
+    weight,
+    targets,
+    *,
+    multiplier=1.0,
+    softcap=None,
+    ignore_index=-100,
+    entropy=False,
+    argmax=False,
+    config=None,
+    _pinned=None,
+):
+    """(logprob, entropy | None, predicted | None, lse, mean_z | None), all [T].
+
+    ``config`` takes keys of CONFIG_SPACE. ``_pinned`` overrides the contract-pinned blocks
+    (``block_v``, ``block_k``, ``promote``: K steps per promoted partial, 0 for never):
+    for benchmarks exploring other contracts only; the result then breaks this contract.
+    """
+    from opcontract.backends.triton import softcap_logprob_kernels as k
+
+    T, H = hidden.shape
+    V = weight.shape[0]
+    dev = hidden.device
+    cfg = default_config(_dtype(hidden), T)
+    cfg.update(config or {})
+    pinned = _pinned or {}
+    block_v = pinned.get("block_v", BLOCK_V)
+    block_k = pinned.get("block_k", BLOCK_K[_dtype(hidden)])
+    promote = pinned.get("promote", GEMM_K_BLOCK // block_k)
+    f32 = dict(dtype=torch.float32, device=dev)
+    logprob, lse = torch.empty(T, **f32), torch.empty(T, **f32)
+    ent = torch.empty(T, **f32) if entropy else None
+    mean_z = torch.empty(T, **f32) if entropy else None
+    pred = torch.empty(T, dtype=torch.int64, device=dev) if argmax else None
+    if T == 0:
+        return logprob, ent, pred, lse, mean_z
+    hidden, weight, targets = (
+        _rows_contiguous(hidden),
+        _rows_contiguous(weight),
+        targets.contiguous(),
+    )
+    n_blocks = cdiv(V, block_v)
+    pmax = torch.empty((n_blocks, T), **f32)
+    psum = torch.empty_like(pmax)
+    pzs = torch.empty_like(pmax) if entropy else pmax
+    parg = torch.empty((n_blocks, T), dtype=torch.int32, device=dev) if argmax else pmax
+    z_t = torch.empty(T, **f32)
+    bt = cfg["block_t"]
+    flags = dict(
+        HAS_CAP=softcap is not None,
+        ENTROPY=entropy,
+        ARGMAX=argmax,
+        INTERPRET=interpreting(),
+        PROMOTE=promote,
+        BLOCK_T=bt,
+        BLOCK_V=block_v,
+        BLOCK_K=block_k,
+        GROUP_T=cfg["group_t"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    outs = (targets, pmax, psum, pzs, parg, z_t)
+    scalars = (*_scalars(multiplier, softcap), 0.0)
+    n_tiles = cdiv(T, bt) * n_blocks
+    programs = min(n_tiles, _num_sms(dev) * cfg["programs_per_sm"])
+    schedule = cfg["schedule"]
+    if schedule not in CONFIG_SPACE["schedule"]:
+        raise ValueError(f"unknown schedule {schedule!r}; one of {CONFIG_SPACE['schedule']}")
+    if schedule == "tma" and _tma_ok(hidden, weight):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k._partials_tma_kernel[(programs,)](
+            TensorDescriptor.from_tensor(hidden, [bt, block_k]),
+            TensorDescriptor.from_tensor(weight, [block_v, block_k]),
+            *outs,
+            T,
+            V,
+            H,
+            *scalars,
+            NUM_PROGRAMS=programs,
+            **flags,
+        )
+    else:  # "tma" without 16-byte aligned rows: the same tiles, the same bits, no TMA
+        args = (hidden, weight, *outs, T, V, H, hidden.stride(0), weight.stride(0), *scalars)
+        if schedule == "tiles":
+            k._partials_kernel[(n_tiles,)](*args, EVEN_K=H % block_k == 0, **flags)
+        else:
+            k._partials_persistent_kernel[(programs,)](
+                *args, EVEN_K=H % block_k == 0, NUM_PROGRAMS=programs, **flags
+            )
+    block_r = 128
+    k._merge_kernel[(cdiv(T, block_r),)](
+        pmax,
+        psum,
+        pzs,
+        parg,
+        z_t,
+        targets,
+        logprob,
+        lse,
+        ent if entropy else lse,
+        mean_z if entropy else lse,
+        pred if argmax else lse,
+        T,
+        n_blocks,
+        int(ignore_index),
+        ENTROPY=entropy,
+        ARGMAX=argmax,
+        BLOCK_R=block_r,
+    )
+    return logprob, ent, pred, lse, mean_z
+
+
+def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
+    """c (+)= a @ b with the strides given as (row, col) pairs; the K loop ascending."""
+    from opcontract.backends.triton import softcap_logprob_kernels as k
+
+    cfg = dict(GRAD_GEMM, **(GRAD_GEMM_INTERPRETER if interpreting() else {}))
+    block_k = BLOCK_K[_dtype(a)]
+    grid = (cdiv(M, cfg["block_m"]) * cdiv(N, cfg["block_n"]),)
+    k._gemm_kernel[grid](
+        a,
+        b,
+        c,
+        M,
+        N,
+        K,
+        *sa,
+        *sb,
+        *sc,
+        0.0,
+        ACCUMULATE=accumulate,
+        INTERPRET=interpreting(),
+        PROMOTE=GEMM_K_BLOCK // block_k,
+        BLOCK_M=cfg["block_m"],
+        BLOCK_N=cfg["block_n"],
+        BLOCK_K=block_k,
+        GROUP_M=cfg["group_m"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
+def backward(
+    hidden,
+    weight,
+    targets,
+    lse,
+    mean_z,
+    grad_logprob,
+    grad_entropy,
+    *,
+    multiplier,
+    softcap,
+    ignore_index,
+    need_hidden=True,
+    need_weight=True,
+):
+    """(grad_hidden, grad_weight): per vocabulary chunk, ascending, g recomputed and rounded
+    to the input dtype; grad_weight[chunk] = g.T @ hidden written once; grad_hidden summed
+    chunk by chunk in a float32 buffer and rounded once."""
+    from opcontract.backends.triton import softcap_logprob_kernels as k
+
+    T, H = hidden.shape
+    V = weight.shape[0]
+    dev = hidden.device
+    hidden, weight = _rows_contiguous(hidden), _rows_contiguous(weight)
+    cfg = default_config(_dtype(hidden), T)
+    block_k = BLOCK_K[_dtype(hidden)]
+    grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev) if need_hidden else None
+    grad_w = torch.empty_like(weight) if need_weight else None
+    if T == 0:
+        if need_weight:
+            grad_w.zero_()
+        return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
+    g = torch.empty(T, GRAD_CHUNK, dtype=hidden.dtype, device=dev)
+    gl = grad_logprob.float().contiguous()
+    ge = grad_entropy.float().contiguous() if grad_entropy is not None else gl
+    scale, cap = _scalars(multiplier, softcap)
+    for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
+        n = min(GRAD_CHUNK, V - c0)
+        grid = (cdiv(T, cfg["block_t"]) * cdiv(n, BLOCK_V),)
+        k._grad_logits_kernel[grid](
+            hidden,
+            weight,
+            targets,
+            lse,
+            mean_z if mean_z is not None else lse,
+            gl,
+            ge,
+            g,
+            T,
+            V,
+            H,
+            hidden.stride(0),
+            weight.stride(0),
+            g.stride(0),
+            c0,
+            n,
+            scale,
+            cap,
+            float(multiplier),
+            int(ignore_index),
+            0.0,
+            HAS_CAP=softcap is not None,
+            ENTROPY=grad_entropy is not None,
+            INTERPRET=interpreting(),
+            PROMOTE=GEMM_K_BLOCK // block_k,
+            EVEN_K=H % block_k == 0,
+            BLOCK_T=cfg["block_t"],
+            BLOCK_V=BLOCK_V,
+            BLOCK_K=block_k,
+            GROUP_T=cfg["group_t"],
+            num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
+        )
+        if need_weight:  # grad_weight_t: [n, H] = g[:, :n].T @ hidden, K = T
+            _gemm(
+                g,
+                hidden,
+                grad_w[c0 : c0 + n],
+                n,
+                H,
+                T,
+                (1, g.stride(0)),
+                (hidden.stride(0), 1),
+                (grad_w.stride(0), 1),
+                accumulate=False,
+            )
+        if need_hidden:  # [T, H] += g[:, :n] @ weight[chunk], K = n
+            _gemm(
+                g,
+                weight[c0 : c0 + n],
+                grad_h,
+                T,
+                H,
+                n,
+                (g.stride(0), 1),
+                (weight.stride(0), 1),
+                (grad_h.stride(0), 1),
+                accumulate=True,
+            )
+    return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
+
+
+class TritonSoftcapLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, hidden, weight, targets, multiplier, softcap, ignore_index, entropy, argmax, config
+    ):
+        logprob, ent, pred, lse, mean_z = forward_all(
+            hidden,
+            weight,
+            targets,
+            multiplier=multiplier,
+            softcap=softcap,
+            ignore_index=ignore_index,
+            entropy=entropy,
+            argmax=argmax,
+            config=config,
+        )
+        ctx.save_for_backward(hidden, weight, targets, lse, mean_z)
+        ctx.params = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index)
+        if pred is not None:
+            ctx.mark_non_differentiable(pred)
+        return logprob, ent, pred
+
+    @staticmethod
+    def backward(ctx, g_logprob, g_entropy, _g_pred):
+        hidden, weight, targets, lse, mean_z = ctx.saved_tensors
+        if g_logprob is None:
+            g_logprob = torch.zeros_like(lse)
+        gh, gw = backward(
+            hidden,
+            weight,
+            targets,
+            lse,
+            mean_z,
+            g_logprob,
+            g_entropy if mean_z is not None else None,
+            **ctx.params,
+            need_hidden=ctx.needs_input_grad[0],
+            need_weight=ctx.needs_input_grad[1],
+        )
+        return gh, gw, None, None, None, None, None, None, None
+
+
+def softcap_logprob_forward(
+    hidden,
+    weight,
+    targets,
+    *,
+    multiplier=1.0,
+    softcap=None,
+    ignore_index=-100,
+    return_entropy=False,
+    return_predicted=False,
+    config=None,
+    _pinned=None,
+):
+    """Float32 [T] log-probabilities (a LogprobOutput when an optional output is asked for).
+
+    Differentiable in hidden and weight; ``_pinned`` (benchmarks only) runs without autograd.
+    """
+    if _pinned is not None:
+        lp, ent, pred, _, _ = forward_all(
+            hidden,
+            weight,
+            targets,
+            multiplier=multiplier,
+            softcap=softcap,
+            ignore_index=ignore_index,
+            entropy=return_entropy,
+            argmax=return_predicted,
+            config=config,
+            _pinned=_pinned,
+        )
+    else:
+        lp, ent, pred = TritonSoftcapLogprob.apply(
+            hidden,
+            weight,
+            targets,
+            multiplier,
+            softcap,
+            ignore_index,
+            return_entropy,
+            return_predicted,
+            config,
+        )
+    if not (return_entropy or return_predicted):
+        return lp
+    return LogprobOutput(lp, ent, pred)

@@ -1,21 +1,29 @@
-"""Triton kernels of softcap_logprob's forward.
+"""Triton kernels of softcap_logprob, forward and backward.
 
-Two launches. A partials kernel computes, for one tile of BLOCK_T rows and one vocabulary
-block of BLOCK_V columns, the float32 logits (K loop in ascending blocks of BLOCK_K into
-one float32 accumulator), the multiplier and soft cap in float32, and the row partials of
-the block: max, sum of exp(z - max), and z at the target when the target falls in the
-block. ``_merge_kernel`` then walks the blocks of each row in ascending order.
+Forward: a partials kernel computes, for one tile of BLOCK_T rows and one vocabulary block
+of BLOCK_V columns, the float32 logits, the multiplier and soft cap in float32, and the
+row partials of the block: max, sum of exp(z - max), (optionally) sum of exp(z - max)*z
+and the first column at the max, and z at the target when the target falls in the block.
+``_merge_kernel`` walks each row's blocks in ascending order.
 
 Three partials kernels compute the same tiles with the same arithmetic and differ only
 in how tiles are scheduled and operands loaded: ``_partials_kernel`` (one program per
 tile, pointer loads), ``_partials_persistent_kernel`` (one program per SM looping over
-tiles, so the next tile's loads overlap this tile's epilogue) and
-``_partials_tma_kernel`` (persistent, operands through TMA tensor descriptors).
+tiles) and ``_partials_tma_kernel`` (persistent, operands through TMA descriptors).
 
-Every reduction's order is fixed by BLOCK_K, BLOCK_V and the warp layout, never by T or
-by a row's position: a row's bits are the same in any batch.
+gemm_k: the tensor cores sum PROMOTE K steps into a fresh float32 partial, which is then
+added to the running sum with an IEEE float32 add, in ascending order.
+
+Backward, per vocabulary chunk in ascending order: ``_grad_logits_kernel`` recomputes the
+chunk's logits (same tiles, same bits as the forward) and writes g = dlogprob/dacc in the
+input dtype; ``_gemm_kernel`` then computes grad_weight[chunk] = g.T @ hidden (the K loop
+over tokens, written once) and grad_hidden += g @ weight[chunk] (a float32 buffer).
+
+Every reduction's order is fixed by the block sizes and the warp layout, never by T or by
+a row's position: a row's bits are the same in any batch.
 """
 
+# fmt: off
 from __future__ import annotations
 
 import triton
@@ -41,14 +49,12 @@ def _tanh(x):
 
 
 @triton.jit
-def _tile_coords(tile, T, V, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, GROUP_T: tl.constexpr):
-    # Grouped order (GROUP_T row tiles share each weight block in L2): it decides when a
+def _tile_coords(tile, n_t, n_v, GROUP: tl.constexpr):
+    # Grouped order (GROUP row tiles share each column block in L2): it decides when a
     # tile runs, never what it computes.
-    n_t = tl.cdiv(T, BLOCK_T)
-    n_v = tl.cdiv(V, BLOCK_V)
-    per_group = GROUP_T * n_v
-    t_first = (tile // per_group) * GROUP_T
-    group_rows = tl.minimum(n_t - t_first, GROUP_T)
+    per_group = GROUP * n_v
+    t_first = (tile // per_group) * GROUP
+    group_rows = tl.minimum(n_t - t_first, GROUP)
     pid_t = t_first + (tile % per_group) % group_rows
     pid_v = (tile % per_group) // group_rows
     return pid_t, pid_v
@@ -56,24 +62,23 @@ def _tile_coords(tile, T, V, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, GROUP
 
 @triton.jit
 def _dot_block(a, b, acc, part, fresh, flush, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr):
-    """gemm_k: add one K block of a @ b.T; returns (acc, part).
+    """Add one K step of a @ b into (acc, part); returns (acc, part).
 
-    PROMOTE 0: the tensor cores accumulate across all of H. Their accumulation
-    truncates, and its bias grows with the number of blocks (3e-6 rel. error at
-    H = 6656 on the H200).
-    PROMOTE n > 0: the tensor cores accumulate n blocks into ``part``, started from
-    ``fresh`` (zeros the compiler can't fold into the dot); at ``flush`` (every n-th
-    block, and the last) ``part`` is added to ``acc`` with an IEEE float32 add.
+    PROMOTE 0: the tensor cores accumulate across all of K. Their accumulation truncates,
+    and its bias grows with K (3e-6 rel. error at H = 6656 on the H200).
+    PROMOTE n > 0: the tensor cores accumulate n steps into ``part``, started from
+    ``fresh`` (zeros the compiler can't fold into the dot); at ``flush`` (every n-th step,
+    and the last) ``part`` is added to ``acc`` with an IEEE float32 add.
     """
     if INTERPRET:
         # The interpreter's tl.dot is numpy's matmul, whose per-row order depends on the
-        # row's place in the tile; an elementwise product and a sum over the K block
+        # row's place in the tile; an elementwise product and a sum over the K step
         # treat every row alike. Float32 first: the interpreter can't do bf16 arithmetic.
-        part += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+        part += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     elif PROMOTE == 0:
-        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
-        part = tl.dot(a, tl.trans(b), part, input_precision="ieee")
+        part = tl.dot(a, b, part, input_precision="ieee")
     if INTERPRET or PROMOTE > 0:
         if flush:
             acc += part
@@ -82,81 +87,76 @@ def _dot_block(a, b, acc, part, fresh, flush, INTERPRET: tl.constexpr, PROMOTE: 
 
 
 @triton.jit
-def _gemm_tile_pointers(
-    h_ptr,
-    w_ptr,
-    T,
-    V,
-    H,
-    stride_h,
-    stride_w,
-    pid_t,
-    pid_v,
-    zero,
-    INTERPRET: tl.constexpr,
-    PROMOTE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+def _flush_at(k0, K, BLOCK_K: tl.constexpr, PROMOTE: tl.constexpr):
+    flush = k0 + BLOCK_K >= K
+    if PROMOTE > 0:
+        flush = flush | ((k0 // BLOCK_K) % PROMOTE == PROMOTE - 1)
+    return flush
+
+
+@triton.jit
+def _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
+                          INTERPRET: tl.constexpr, PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
+                          BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc[BLOCK_T, BLOCK_V] = hidden[rows] @ weight[cols].T, gemm_k in ascending K steps."""
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     ks = tl.arange(0, BLOCK_K)
     # Out-of-range rows/columns read a valid row instead of masking; their results are
     # discarded, and no valid row or column ever reads them.
     h_ptrs = h_ptr + (rows % T).to(tl.int64)[:, None] * stride_h + ks[None, :]
-    w_ptrs = w_ptr + (cols % V).to(tl.int64)[:, None] * stride_w + ks[None, :]
+    w_ptrs = w_ptr + (cols % V).to(tl.int64)[None, :] * stride_w + ks[:, None]
     acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
     fresh = acc + zero
     part = fresh
-    for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks, one float32 accumulator
-        flush = k0 + BLOCK_K >= H
-        if PROMOTE > 0:
-            flush = flush | ((k0 // BLOCK_K) % PROMOTE == PROMOTE - 1)
+    for k0 in range(0, H, BLOCK_K):
         if EVEN_K:
             a = tl.load(h_ptrs)
             b = tl.load(w_ptrs)
         else:
             k_ok = (k0 + ks) < H
             a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        acc, part = _dot_block(a, b, acc, part, fresh, flush, INTERPRET, PROMOTE)
+            b = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        acc, part = _dot_block(a, b, acc, part, fresh, _flush_at(k0, H, BLOCK_K, PROMOTE),
+                               INTERPRET, PROMOTE)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     return acc
 
 
 @triton.jit
-def _tile_partials(
-    acc,
-    t_ptr,
-    pmax_ptr,
-    psum_ptr,
-    zt_ptr,
-    T,
-    V,
-    pid_t,
-    pid_v,
-    scale,
-    softcap,
-    HAS_CAP: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
+def _capped(acc, scale, softcap, HAS_CAP: tl.constexpr):
+    """(z, t): z = softcap * t with t = tanh(acc * scale); without a cap z = acc * scale."""
+    if HAS_CAP:
+        t = _tanh(acc * scale)
+        z = softcap * t
+    else:
+        t = acc
+        z = acc * scale
+    return z, t
+
+
+@triton.jit
+def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
+                   T, V, pid_t, pid_v, scale, softcap,
+                   HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < T
-    if HAS_CAP:
-        z = softcap * _tanh(acc * scale)
-    else:
-        z = acc * scale
+    z, _t = _capped(acc, scale, softcap, HAS_CAP)
     z = tl.where((cols < V)[None, :], z, float("-inf"))
     m = tl.max(z, axis=1)
-    s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+    e = tl.exp(z - m[:, None])
     part = pid_v.to(tl.int64) * T + rows
     tl.store(pmax_ptr + part, m, mask=row_ok)
-    tl.store(psum_ptr + part, s, mask=row_ok)
+    tl.store(psum_ptr + part, tl.sum(e, axis=1), mask=row_ok)
+    if ENTROPY:
+        z_ok = tl.where((cols < V)[None, :], z, 0.0)  # e is 0 there; avoid 0 * -inf
+        tl.store(pzs_ptr + part, tl.sum(e * z_ok, axis=1), mask=row_ok)
+    if ARGMAX:
+        first = tl.min(tl.where(z == m[:, None], cols[None, :], V), axis=1)  # lowest at max
+        tl.store(parg_ptr + part, first, mask=row_ok)
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=-1)
     z_t = tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)  # one term: exact
     in_block = (tgt >= pid_v * BLOCK_V) & (tgt < pid_v * BLOCK_V + BLOCK_V)
@@ -164,211 +164,170 @@ def _tile_partials(
 
 
 @triton.jit
-def _partials_kernel(
-    h_ptr,
-    w_ptr,
-    t_ptr,
-    pmax_ptr,
-    psum_ptr,
-    zt_ptr,
-    T,
-    V,
-    H,
-    stride_h,
-    stride_w,
-    scale,
-    softcap,
-    zero,
-    HAS_CAP: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    PROMOTE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr,
-):
-    pid_t, pid_v = _tile_coords(tl.program_id(0), T, V, BLOCK_T, BLOCK_V, GROUP_T)
-    acc = _gemm_tile_pointers(
-        h_ptr,
-        w_ptr,
-        T,
-        V,
-        H,
-        stride_h,
-        stride_w,
-        pid_t,
-        pid_v,
-        zero,
-        INTERPRET,
-        PROMOTE,
-        EVEN_K,
-        BLOCK_T,
-        BLOCK_V,
-        BLOCK_K,
-    )
-    _tile_partials(
-        acc,
-        t_ptr,
-        pmax_ptr,
-        psum_ptr,
-        zt_ptr,
-        T,
-        V,
-        pid_t,
-        pid_v,
-        scale,
-        softcap,
-        HAS_CAP,
-        BLOCK_T,
-        BLOCK_V,
-    )
+def _partials_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
+                     T, V, H, stride_h, stride_w, scale, softcap, zero,
+                     HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
+                     INTERPRET: tl.constexpr, PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_T: tl.constexpr):
+    pid_t, pid_v = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T), tl.cdiv(V, BLOCK_V),
+                                GROUP_T)
+    acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
+                                INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
+    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, T, V, pid_t,
+                   pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
-def _partials_persistent_kernel(
-    h_ptr,
-    w_ptr,
-    t_ptr,
-    pmax_ptr,
-    psum_ptr,
-    zt_ptr,
-    T,
-    V,
-    H,
-    stride_h,
-    stride_w,
-    scale,
-    softcap,
-    zero,
-    HAS_CAP: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    PROMOTE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,
-):
-    n_tiles = tl.cdiv(T, BLOCK_T) * tl.cdiv(V, BLOCK_V)
-    for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=True):
-        pid_t, pid_v = _tile_coords(tile, T, V, BLOCK_T, BLOCK_V, GROUP_T)
-        acc = _gemm_tile_pointers(
-            h_ptr,
-            w_ptr,
-            T,
-            V,
-            H,
-            stride_h,
-            stride_w,
-            pid_t,
-            pid_v,
-            zero,
-            INTERPRET,
-            PROMOTE,
-            EVEN_K,
-            BLOCK_T,
-            BLOCK_V,
-            BLOCK_K,
-        )
-        _tile_partials(
-            acc,
-            t_ptr,
-            pmax_ptr,
-            psum_ptr,
-            zt_ptr,
-            T,
-            V,
-            pid_t,
-            pid_v,
-            scale,
-            softcap,
-            HAS_CAP,
-            BLOCK_T,
-            BLOCK_V,
-        )
+def _partials_persistent_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr,
+                                zt_ptr, T, V, H, stride_h, stride_w, scale, softcap, zero,
+                                HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
+                                ARGMAX: tl.constexpr, INTERPRET: tl.constexpr,
+                                PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
+                                BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+                                NUM_PROGRAMS: tl.constexpr):
+    n_t = tl.cdiv(T, BLOCK_T)
+    n_v = tl.cdiv(V, BLOCK_V)
+    for tile in tl.range(tl.program_id(0), n_t * n_v, NUM_PROGRAMS, flatten=True):
+        pid_t, pid_v = _tile_coords(tile, n_t, n_v, GROUP_T)
+        acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v,
+                                    zero, INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
+        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, T, V, pid_t,
+                       pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
-def _partials_tma_kernel(
-    h_desc,
-    w_desc,
-    t_ptr,
-    pmax_ptr,
-    psum_ptr,
-    zt_ptr,
-    T,
-    V,
-    H,
-    scale,
-    softcap,
-    zero,
-    HAS_CAP: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    PROMOTE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,
-):
+def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
+                         T, V, H, scale, softcap, zero,
+                         HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
+                         INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_T: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
     # TMA zero-fills reads past T, V and H: zeros add nothing to a valid row's sums.
-    n_tiles = tl.cdiv(T, BLOCK_T) * tl.cdiv(V, BLOCK_V)
-    for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=True):
-        pid_t, pid_v = _tile_coords(tile, T, V, BLOCK_T, BLOCK_V, GROUP_T)
+    n_t = tl.cdiv(T, BLOCK_T)
+    n_v = tl.cdiv(V, BLOCK_V)
+    for tile in tl.range(tl.program_id(0), n_t * n_v, NUM_PROGRAMS, flatten=True):
+        pid_t, pid_v = _tile_coords(tile, n_t, n_v, GROUP_T)
         acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
         fresh = acc + zero
         part = fresh
-        for k0 in range(0, H, BLOCK_K):  # gemm_k: ascending K blocks
-            flush = k0 + BLOCK_K >= H
-            if PROMOTE > 0:
-                flush = flush | ((k0 // BLOCK_K) % PROMOTE == PROMOTE - 1)
+        for k0 in range(0, H, BLOCK_K):
             a = h_desc.load([pid_t * BLOCK_T, k0])
             b = w_desc.load([pid_v * BLOCK_V, k0])
-            acc, part = _dot_block(a, b, acc, part, fresh, flush, INTERPRET, PROMOTE)
-        _tile_partials(
-            acc,
-            t_ptr,
-            pmax_ptr,
-            psum_ptr,
-            zt_ptr,
-            T,
-            V,
-            pid_t,
-            pid_v,
-            scale,
-            softcap,
-            HAS_CAP,
-            BLOCK_T,
-            BLOCK_V,
-        )
+            acc, part = _dot_block(a, tl.trans(b), acc, part, fresh,
+                                   _flush_at(k0, H, BLOCK_K, PROMOTE), INTERPRET, PROMOTE)
+        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, T, V, pid_t,
+                       pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
-def _merge_kernel(
-    pmax_ptr,
-    psum_ptr,
-    zt_ptr,
-    t_ptr,
-    out_ptr,
-    T,
-    NUM_BLOCKS,
-    ignore_index,
-    BLOCK_R: tl.constexpr,
-):
+def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, t_ptr,
+                  logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr,
+                  T, NUM_BLOCKS, ignore_index,
+                  ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, BLOCK_R: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < T
     run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     run_sum = tl.zeros((BLOCK_R,), tl.float32)
-    for b in range(0, NUM_BLOCKS):  # vocab_lse: ascending blocks, online max rescale
+    run_zs = tl.zeros((BLOCK_R,), tl.float32)
+    arg_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    arg_idx = tl.zeros((BLOCK_R,), tl.int64)
+    for b in range(0, NUM_BLOCKS):  # vocab_*: ascending blocks, online max rescale
         part = b * T + rows.to(tl.int64)
         m = tl.load(pmax_ptr + part, mask=row_ok, other=0.0)
         s = tl.load(psum_ptr + part, mask=row_ok, other=1.0)
         new_max = tl.maximum(run_max, m)
-        run_sum = run_sum * tl.exp(run_max - new_max) + s * tl.exp(m - new_max)
+        old_scale = tl.exp(run_max - new_max)
+        b_scale = tl.exp(m - new_max)
+        run_sum = run_sum * old_scale + s * b_scale
+        if ENTROPY:
+            zs = tl.load(pzs_ptr + part, mask=row_ok, other=0.0)
+            run_zs = run_zs * old_scale + zs * b_scale
+        if ARGMAX:  # a later block wins only with a strictly larger max
+            idx = tl.load(parg_ptr + part, mask=row_ok, other=0)
+            arg_idx = tl.where(m > arg_max, idx.to(tl.int64), arg_idx)
+            arg_max = tl.maximum(arg_max, m)
         run_max = new_max
     lse = run_max + tl.log(run_sum)
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
     z_t = tl.load(zt_ptr + rows, mask=row_ok & (tgt != ignore_index), other=0.0)
-    tl.store(out_ptr + rows, tl.where(tgt == ignore_index, 0.0, z_t - lse), mask=row_ok)
+    tl.store(logprob_ptr + rows, tl.where(tgt == ignore_index, 0.0, z_t - lse), mask=row_ok)
+    tl.store(lse_ptr + rows, lse, mask=row_ok)
+    if ENTROPY:
+        mean_z = run_zs / run_sum
+        tl.store(meanz_ptr + rows, mean_z, mask=row_ok)
+        tl.store(entropy_ptr + rows, lse - mean_z, mask=row_ok)
+    if ARGMAX:
+        tl.store(pred_ptr + rows, arg_idx, mask=row_ok)
+
+
+@triton.jit
+def _grad_logits_kernel(h_ptr, w_ptr, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, g_ptr,
+                        T, V, H, stride_h, stride_w, stride_g, v_first, n_cols,
+                        scale, softcap, multiplier, ignore_index, zero,
+                        HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
+                        INTERPRET: tl.constexpr, PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_T: tl.constexpr):
+    """g[t, v - v_first] = dz/dacc * dL/dz for the chunk's columns, in g's dtype."""
+    pid_t, pid_local = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T),
+                                    tl.cdiv(n_cols, BLOCK_V), GROUP_T)
+    pid_v = v_first // BLOCK_V + pid_local
+    acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
+                                INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < T
+    col_ok = (cols < V) & (cols < v_first + n_cols)
+    z, t = _capped(acc, scale, softcap, HAS_CAP)
+    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
+    gl = tl.load(gl_ptr + rows, mask=row_ok & (tgt != ignore_index), other=0.0)
+    p = tl.exp(z - lse[:, None])
+    gz = gl[:, None] * (tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0) - p)
+    if ENTROPY:
+        ge = tl.load(ge_ptr + rows, mask=row_ok, other=0.0)
+        mean_z = tl.load(meanz_ptr + rows, mask=row_ok, other=0.0)
+        gz = gz - ge[:, None] * p * (z - mean_z[:, None])
+    if HAS_CAP:
+        gz = gz * (multiplier * (1.0 - t * t))
+    else:
+        gz = gz * multiplier
+    g = tl.where(col_ok[None, :], gz, 0.0)
+    g_ptrs = g_ptr + rows.to(tl.int64)[:, None] * stride_g + (cols - v_first)[None, :]
+    tl.store(g_ptrs, g.to(g_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & ((cols - v_first) < n_cols)[None, :])
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 stride_cm, stride_cn, zero,
+                 ACCUMULATE: tl.constexpr, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """c = a @ b (ACCUMULATE: c += a @ b, c float32), the K loop ascending, no split."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N),
+                                GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    ks64 = ks.to(tl.int64)
+    a_ptrs = a_ptr + (rm % M).to(tl.int64)[:, None] * stride_am + ks64[None, :] * stride_ak
+    b_ptrs = b_ptr + ks64[:, None] * stride_bk + (rn % N).to(tl.int64)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    fresh = acc + zero
+    part = fresh
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + ks) < K
+        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc, part = _dot_block(a, b, acc, part, fresh, _flush_at(k0, K, BLOCK_K, PROMOTE),
+                               INTERPRET, PROMOTE)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+    c_mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if ACCUMULATE:  # grad_hidden_v: this chunk's partial added to the float32 buffer
+        acc = tl.load(c_ptrs, mask=c_mask, other=0.0) + acc
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)

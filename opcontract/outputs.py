@@ -1,0 +1,22 @@
+"""Named results returned when an op's optional outputs are asked for."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class LogprobOutput(NamedTuple):
+    """softcap_logprob with return_entropy / return_predicted: None for fields not asked for."""
+
+    logprob: torch.Tensor
+    entropy: torch.Tensor | None = None
+    predicted: torch.Tensor | None = None
+
+
+class CrossEntropyOutput(NamedTuple):
+    """linear_cross_entropy with return_token_accuracy=True."""
+
+    loss: torch.Tensor
+    token_accuracy: torch.Tensor | None = None
