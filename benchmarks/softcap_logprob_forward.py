@@ -108,10 +108,8 @@ def explore(args) -> dict:
     ]
     large = [  # (config, pinned blocks, softcap); the first is the default
         ({}, {}, CAP),
-        ({}, {"promote": 0, "block_k": 64}, CAP),
-        ({"num_stages": 4}, {}, CAP),
+        ({"schedule": "tiles"}, {}, CAP),
         ({"schedule": "persistent"}, {}, CAP),
-        ({"group_t": 16}, {}, CAP),
     ]
     configs = small if max(args.T) <= 64 else large
     rows = []
