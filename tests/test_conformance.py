@@ -26,7 +26,7 @@ def _cases():
                 continue
             for dtype in impl.dtypes:
                 for ci, case in enumerate(c.conformance.cases):
-                    for check in checks_for(c):
+                    for check in checks_for(c, case):
                         yield pytest.param(
                             c,
                             impl,

@@ -12,10 +12,17 @@ from opcontract.contracts import load_all
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize(
+    "op,name",
+    [
+        ("softcap_logprob", "triton.fused"),
+        ("linear_cross_entropy", "triton.fused_ce"),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_triton_conformance_on_gpu(dtype):
-    c = load_all()["softcap_logprob"]
-    impl = next(i for i in implementations("softcap_logprob") if i.name == "triton.fused")
+def test_triton_conformance_on_gpu(op, name, dtype):
+    c = load_all()[op]
+    impl = next(i for i in implementations(op) if i.name == name)
     failed = [r for r in run_kit(impl, c, dtype, device="cuda") if not r.ok]
     assert not failed, failed
 

@@ -113,6 +113,8 @@ def declaration_problems(impl: Implementation, contract: Contract) -> list[str]:
             out.append(
                 f"reduction '{name}' runs in a library-chosen order (contract: ascending blocks)"
             )
+        elif p.order != red.order:
+            out.append(f"reduction '{name}' runs in {p.order} order, contract needs {red.order}")
         elif red.block != "impl" and p.block != red.block:
             out.append(f"reduction '{name}' uses block {p.block}, contract pins {red.block}")
         if p.merge != red.merge:

@@ -89,7 +89,8 @@ def _block_logits(
 
 
 def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index):
-    """(logprob, entropy, predicted, lse, mean_z): every output plus what backward needs."""
+    """(logprob, entropy, predicted, lse, mean_z, smooth): every output and what backward
+    needs; smooth = lse - mean_v z is label smoothing's term."""
     T = hidden.shape[0]
     V = weight.shape[0]
     dev = hidden.device
@@ -101,6 +102,7 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
     run_zsum = torch.zeros(T, **f32)
     arg_max = torch.full((T,), float("-inf"), **f32)
     arg_idx = torch.zeros(T, dtype=torch.int64, device=dev)
+    z_total = torch.zeros(T, **f32)
     z_target = torch.zeros(T, **f32)
     for v0 in range(0, V, VOCAB_BLOCK):  # ascending vocabulary blocks: the bits depend on it
         z, _, valid = _block_logits(h, weight, v0, multiplier, softcap)
@@ -117,13 +119,14 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
         first = (z == m_b[:, None]).int().argmax(dim=1) + v0
         arg_idx = torch.where(m_b > arg_max, first, arg_idx)
         arg_max = torch.maximum(arg_max, m_b)
+        z_total = z_total + _pairwise_sum(torch.where(valid, z, 0.0))  # vocab_zsum
         hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
         zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
         z_target = torch.where(hit, zt, z_target)
     lse = run_max + torch.log(run_sum)
     mean_z = run_zsum / run_sum
     logprob = torch.where(t != ignore_index, z_target - lse, 0.0)
-    return logprob, lse - mean_z, arg_idx, lse, mean_z
+    return logprob, lse - mean_z, arg_idx, lse, mean_z, lse - z_total / V
 
 
 def strict_backward(
@@ -134,6 +137,7 @@ def strict_backward(
     mean_z,
     grad_logprob,
     grad_entropy,
+    grad_smooth,
     multiplier,
     softcap,
     ignore_index,
@@ -148,6 +152,7 @@ def strict_backward(
     t = targets.long()
     gl = torch.where(t != ignore_index, grad_logprob.float(), 0.0)
     ge = grad_entropy.float() if grad_entropy is not None else None
+    gs = grad_smooth.float() if grad_smooth is not None else None
     grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev)
     grad_w = torch.zeros(V, H, dtype=torch.float32, device=dev)
     for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
@@ -159,6 +164,8 @@ def strict_backward(
             gz = gl[:, None] * ((cols[None, :] == t[:, None]).float() - p)
             if ge is not None:
                 gz = gz - ge[:, None] * p * (z - mean_z[:, None])
+            if gs is not None:  # d(lse - mean_v z)/dz = p - 1/V
+                gz = gz + gs[:, None] * (p - 1.0 / V)
             dz = multiplier if softcap is None else multiplier * (1.0 - tanh_z * tanh_z)
             g = torch.where(valid, gz * dz, 0.0).to(hidden.dtype).float()  # declared cast
             nv = int(valid.sum())
@@ -178,19 +185,21 @@ def strict_backward(
     )
 
 
-class StrictSoftcapLogprob(torch.autograd.Function):
+class StrictHead(torch.autograd.Function):
+    """(logprob, entropy, predicted, smooth), differentiable in hidden and weight."""
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, multiplier, softcap, ignore_index):
-        logprob, entropy, predicted, lse, mean_z = strict_forward_all(
+        logprob, entropy, predicted, lse, mean_z, smooth = strict_forward_all(
             hidden, weight, targets, multiplier, softcap, ignore_index
         )
         ctx.save_for_backward(hidden, weight, targets, lse, mean_z)
         ctx.params = (multiplier, softcap, ignore_index)
         ctx.mark_non_differentiable(predicted)
-        return logprob, entropy, predicted
+        return logprob, entropy, predicted, smooth
 
     @staticmethod
-    def backward(ctx, g_logprob, g_entropy, _g_predicted):
+    def backward(ctx, g_logprob, g_entropy, _g_predicted, g_smooth):
         hidden, weight, targets, lse, mean_z = ctx.saved_tensors
         multiplier, softcap, ignore_index = ctx.params
         if g_logprob is None:
@@ -203,6 +212,7 @@ class StrictSoftcapLogprob(torch.autograd.Function):
             mean_z,
             g_logprob,
             g_entropy,
+            g_smooth,
             multiplier,
             softcap,
             ignore_index,
@@ -210,6 +220,11 @@ class StrictSoftcapLogprob(torch.autograd.Function):
             ctx.needs_input_grad[1],
         )
         return gh, gw, None, None, None, None
+
+
+def head(hidden, weight, targets, *, multiplier=1.0, softcap=None, ignore_index=-100, **_unused):
+    """Differentiable (logprob, entropy, predicted, smooth): every output, always."""
+    return StrictHead.apply(hidden, weight, targets, multiplier, softcap, ignore_index)
 
 
 def strict_forward(
@@ -224,8 +239,8 @@ def strict_forward(
     return_predicted: bool = False,
 ):
     """The contract's math in the contract's order, on any torch device; differentiable."""
-    logprob, entropy, predicted = StrictSoftcapLogprob.apply(
-        hidden, weight, targets, multiplier, softcap, ignore_index
+    logprob, entropy, predicted, _ = head(
+        hidden, weight, targets, multiplier=multiplier, softcap=softcap, ignore_index=ignore_index
     )
     return _result(logprob, entropy, predicted, return_entropy, return_predicted)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from opcontract.backends.triton import interpreting
@@ -91,6 +93,15 @@ def _scalars(multiplier: float, softcap: float | None) -> tuple[float, float]:
     return multiplier / softcap, float(softcap)  # multiplier / softcap in float64, rounded once
 
 
+class HeadResult(NamedTuple):
+    logprob: torch.Tensor
+    entropy: torch.Tensor | None
+    predicted: torch.Tensor | None
+    lse: torch.Tensor
+    mean_z: torch.Tensor | None
+    smooth: torch.Tensor | None  # lse - mean_v z: label smoothing's term
+
+
 def forward_all(
     hidden,
     weight,
@@ -101,10 +112,11 @@ def forward_all(
     ignore_index=-100,
     entropy=False,
     argmax=False,
+    zsum=False,
     config=None,
     _pinned=None,
 ):
-    """(logprob, entropy | None, predicted | None, lse, mean_z | None), all [T].
+    """HeadResult of [T] tensors; entropy/mean_z, predicted and smooth only when asked for.
 
     ``config`` takes keys of CONFIG_SPACE. ``_pinned`` overrides the contract-pinned blocks
     (``block_v``, ``block_k``, ``promote``: K steps per promoted partial, 0 for never):
@@ -126,8 +138,10 @@ def forward_all(
     ent = torch.empty(T, **f32) if entropy else None
     mean_z = torch.empty(T, **f32) if entropy else None
     pred = torch.empty(T, dtype=torch.int64, device=dev) if argmax else None
+    smooth = torch.empty(T, **f32) if zsum else None
+    result = HeadResult(logprob, ent, pred, lse, mean_z, smooth)
     if T == 0:
-        return logprob, ent, pred, lse, mean_z
+        return result
     hidden, weight, targets = (
         _rows_contiguous(hidden),
         _rows_contiguous(weight),
@@ -138,12 +152,14 @@ def forward_all(
     psum = torch.empty_like(pmax)
     pzs = torch.empty_like(pmax) if entropy else pmax
     parg = torch.empty((n_blocks, T), dtype=torch.int32, device=dev) if argmax else pmax
+    pzsum = torch.empty_like(pmax) if zsum else pmax
     z_t = torch.empty(T, **f32)
     bt = cfg["block_t"]
     flags = dict(
         HAS_CAP=softcap is not None,
         ENTROPY=entropy,
         ARGMAX=argmax,
+        ZSUM=zsum,
         INTERPRET=interpreting(),
         PROMOTE=promote,
         BLOCK_T=bt,
@@ -153,7 +169,7 @@ def forward_all(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    outs = (targets, pmax, psum, pzs, parg, z_t)
+    outs = (targets, pmax, psum, pzs, parg, pzsum, z_t)
     scalars = (*_scalars(multiplier, softcap), 0.0)
     n_tiles = cdiv(T, bt) * n_blocks
     programs = min(n_tiles, _num_sms(dev) * cfg["programs_per_sm"])
@@ -188,6 +204,7 @@ def forward_all(
         psum,
         pzs,
         parg,
+        pzsum,
         z_t,
         targets,
         logprob,
@@ -195,14 +212,17 @@ def forward_all(
         ent if entropy else lse,
         mean_z if entropy else lse,
         pred if argmax else lse,
+        smooth if zsum else lse,
         T,
+        V,
         n_blocks,
         int(ignore_index),
         ENTROPY=entropy,
         ARGMAX=argmax,
+        ZSUM=zsum,
         BLOCK_R=block_r,
     )
-    return logprob, ent, pred, lse, mean_z
+    return result
 
 
 def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
@@ -235,21 +255,9 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
     )
 
 
-def backward(
-    hidden,
-    weight,
-    targets,
-    lse,
-    mean_z,
-    grad_logprob,
-    grad_entropy,
-    *,
-    multiplier,
-    softcap,
-    ignore_index,
-    need_hidden=True,
-    need_weight=True,
-):
+# fmt: off
+def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, grad_smooth, *,
+             multiplier, softcap, ignore_index, need_hidden=True, need_weight=True):
     """(grad_hidden, grad_weight): per vocabulary chunk, ascending, g recomputed and rounded
     to the input dtype; grad_weight[chunk] = g.T @ hidden written once; grad_hidden summed
     chunk by chunk in a float32 buffer and rounded once."""
@@ -262,165 +270,83 @@ def backward(
     cfg = default_config(_dtype(hidden), T)
     block_k = BLOCK_K[_dtype(hidden)]
     grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev) if need_hidden else None
-    grad_w = torch.empty_like(weight) if need_weight else None
+    grad_w = torch.zeros_like(weight) if need_weight else None
     if T == 0:
-        if need_weight:
-            grad_w.zero_()
         return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
     g = torch.empty(T, GRAD_CHUNK, dtype=hidden.dtype, device=dev)
     gl = grad_logprob.float().contiguous()
     ge = grad_entropy.float().contiguous() if grad_entropy is not None else gl
+    gs = grad_smooth.float().contiguous() if grad_smooth is not None else gl
     scale, cap = _scalars(multiplier, softcap)
     for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
         n = min(GRAD_CHUNK, V - c0)
         grid = (cdiv(T, cfg["block_t"]) * cdiv(n, BLOCK_V),)
         k._grad_logits_kernel[grid](
-            hidden,
-            weight,
-            targets,
-            lse,
-            mean_z if mean_z is not None else lse,
-            gl,
-            ge,
-            g,
-            T,
-            V,
-            H,
-            hidden.stride(0),
-            weight.stride(0),
-            g.stride(0),
-            c0,
-            n,
-            scale,
-            cap,
-            float(multiplier),
-            int(ignore_index),
-            0.0,
-            HAS_CAP=softcap is not None,
-            ENTROPY=grad_entropy is not None,
-            INTERPRET=interpreting(),
-            PROMOTE=GEMM_K_BLOCK // block_k,
-            EVEN_K=H % block_k == 0,
-            BLOCK_T=cfg["block_t"],
-            BLOCK_V=BLOCK_V,
-            BLOCK_K=block_k,
-            GROUP_T=cfg["group_t"],
-            num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"],
-        )
+            hidden, weight, targets, lse, mean_z if mean_z is not None else lse, gl, ge, gs, g,
+            T, V, H, hidden.stride(0), weight.stride(0), g.stride(0), c0, n,
+            scale, cap, float(multiplier), int(ignore_index), 0.0,
+            HAS_CAP=softcap is not None, ENTROPY=grad_entropy is not None,
+            SMOOTH=grad_smooth is not None, INTERPRET=interpreting(),
+            PROMOTE=GEMM_K_BLOCK // block_k, EVEN_K=H % block_k == 0,
+            BLOCK_T=cfg["block_t"], BLOCK_V=BLOCK_V, BLOCK_K=block_k, GROUP_T=cfg["group_t"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         if need_weight:  # grad_weight_t: [n, H] = g[:, :n].T @ hidden, K = T
-            _gemm(
-                g,
-                hidden,
-                grad_w[c0 : c0 + n],
-                n,
-                H,
-                T,
-                (1, g.stride(0)),
-                (hidden.stride(0), 1),
-                (grad_w.stride(0), 1),
-                accumulate=False,
-            )
+            _gemm(g, hidden, grad_w[c0:c0 + n], n, H, T, (1, g.stride(0)),
+                  (hidden.stride(0), 1), (grad_w.stride(0), 1), accumulate=False)
         if need_hidden:  # [T, H] += g[:, :n] @ weight[chunk], K = n
-            _gemm(
-                g,
-                weight[c0 : c0 + n],
-                grad_h,
-                T,
-                H,
-                n,
-                (g.stride(0), 1),
-                (weight.stride(0), 1),
-                (grad_h.stride(0), 1),
-                accumulate=True,
-            )
+            _gemm(g, weight[c0:c0 + n], grad_h, T, H, n, (g.stride(0), 1),
+                  (weight.stride(0), 1), (grad_h.stride(0), 1), accumulate=True)
     return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
 
 
-class TritonSoftcapLogprob(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx, hidden, weight, targets, multiplier, softcap, ignore_index, entropy, argmax, config
-    ):
-        logprob, ent, pred, lse, mean_z = forward_all(
-            hidden,
-            weight,
-            targets,
-            multiplier=multiplier,
-            softcap=softcap,
-            ignore_index=ignore_index,
-            entropy=entropy,
-            argmax=argmax,
-            config=config,
-        )
-        ctx.save_for_backward(hidden, weight, targets, lse, mean_z)
-        ctx.params = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index)
-        if pred is not None:
-            ctx.mark_non_differentiable(pred)
-        return logprob, ent, pred
+class TritonHead(torch.autograd.Function):
+    """(logprob, entropy, predicted, smooth) with the fields not asked for as None."""
 
     @staticmethod
-    def backward(ctx, g_logprob, g_entropy, _g_pred):
+    def forward(ctx, hidden, weight, targets, multiplier, softcap, ignore_index, entropy,
+                argmax, zsum, config):
+        r = forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
+                        ignore_index=ignore_index, entropy=entropy, argmax=argmax, zsum=zsum,
+                        config=config)
+        ctx.save_for_backward(hidden, weight, targets, r.lse, r.mean_z)
+        ctx.params = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index)
+        if r.predicted is not None:
+            ctx.mark_non_differentiable(r.predicted)
+        return r.logprob, r.entropy, r.predicted, r.smooth
+
+    @staticmethod
+    def backward(ctx, g_logprob, g_entropy, _g_pred, g_smooth):
         hidden, weight, targets, lse, mean_z = ctx.saved_tensors
         if g_logprob is None:
             g_logprob = torch.zeros_like(lse)
-        gh, gw = backward(
-            hidden,
-            weight,
-            targets,
-            lse,
-            mean_z,
-            g_logprob,
-            g_entropy if mean_z is not None else None,
-            **ctx.params,
-            need_hidden=ctx.needs_input_grad[0],
-            need_weight=ctx.needs_input_grad[1],
-        )
-        return gh, gw, None, None, None, None, None, None, None
+        gh, gw = backward(hidden, weight, targets, lse, mean_z, g_logprob,
+                          g_entropy if mean_z is not None else None, g_smooth, **ctx.params,
+                          need_hidden=ctx.needs_input_grad[0],
+                          need_weight=ctx.needs_input_grad[1])
+        return gh, gw, None, None, None, None, None, None, None, None
 
 
-def softcap_logprob_forward(
-    hidden,
-    weight,
-    targets,
-    *,
-    multiplier=1.0,
-    softcap=None,
-    ignore_index=-100,
-    return_entropy=False,
-    return_predicted=False,
-    config=None,
-    _pinned=None,
-):
+def head(hidden, weight, targets, *, multiplier=1.0, softcap=None, ignore_index=-100,
+         entropy=False, argmax=False, zsum=False, config=None):
+    """Differentiable (logprob, entropy | None, predicted | None, smooth | None)."""
+    return TritonHead.apply(hidden, weight, targets, multiplier, softcap, ignore_index,
+                            entropy, argmax, zsum, config)
+
+
+def softcap_logprob_forward(hidden, weight, targets, *, multiplier=1.0, softcap=None,
+                            ignore_index=-100, return_entropy=False, return_predicted=False,
+                            config=None, _pinned=None):
     """Float32 [T] log-probabilities (a LogprobOutput when an optional output is asked for).
 
     Differentiable in hidden and weight; ``_pinned`` (benchmarks only) runs without autograd.
     """
+    kw = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
+              entropy=return_entropy, argmax=return_predicted, config=config)
     if _pinned is not None:
-        lp, ent, pred, _, _ = forward_all(
-            hidden,
-            weight,
-            targets,
-            multiplier=multiplier,
-            softcap=softcap,
-            ignore_index=ignore_index,
-            entropy=return_entropy,
-            argmax=return_predicted,
-            config=config,
-            _pinned=_pinned,
-        )
+        lp, ent, pred = forward_all(hidden, weight, targets, **kw, _pinned=_pinned)[:3]
     else:
-        lp, ent, pred = TritonSoftcapLogprob.apply(
-            hidden,
-            weight,
-            targets,
-            multiplier,
-            softcap,
-            ignore_index,
-            return_entropy,
-            return_predicted,
-            config,
-        )
+        lp, ent, pred, _ = head(hidden, weight, targets, **kw)
     if not (return_entropy or return_predicted):
         return lp
     return LogprobOutput(lp, ent, pred)
+# fmt: on

@@ -137,10 +137,10 @@ def _capped(acc, scale, softcap, HAS_CAP: tl.constexpr):
 
 
 @triton.jit
-def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
+def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
                    T, V, pid_t, pid_v, scale, softcap,
                    HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
+                   ZSUM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < T
@@ -151,9 +151,11 @@ def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
     part = pid_v.to(tl.int64) * T + rows
     tl.store(pmax_ptr + part, m, mask=row_ok)
     tl.store(psum_ptr + part, tl.sum(e, axis=1), mask=row_ok)
+    z_ok = tl.where((cols < V)[None, :], z, 0.0)  # e is 0 there; avoid 0 * -inf
     if ENTROPY:
-        z_ok = tl.where((cols < V)[None, :], z, 0.0)  # e is 0 there; avoid 0 * -inf
         tl.store(pzs_ptr + part, tl.sum(e * z_ok, axis=1), mask=row_ok)
+    if ZSUM:
+        tl.store(pzsum_ptr + part, tl.sum(z_ok, axis=1), mask=row_ok)
     if ARGMAX:
         first = tl.min(tl.where(z == m[:, None], cols[None, :], V), axis=1)  # lowest at max
         tl.store(parg_ptr + part, first, mask=row_ok)
@@ -164,25 +166,29 @@ def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
 
 
 @triton.jit
-def _partials_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
+def _partials_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
+                     zt_ptr,
                      T, V, H, stride_h, stride_w, scale, softcap, zero,
                      HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                     INTERPRET: tl.constexpr, PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
+                     ZSUM: tl.constexpr, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
+                     EVEN_K: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_T: tl.constexpr):
     pid_t, pid_v = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T), tl.cdiv(V, BLOCK_V),
                                 GROUP_T)
     acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
                                 INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
-    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, T, V, pid_t,
-                   pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, BLOCK_T, BLOCK_V)
+    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, T, V,
+                   pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
 def _partials_persistent_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr,
-                                zt_ptr, T, V, H, stride_h, stride_w, scale, softcap, zero,
+                                pzsum_ptr, zt_ptr, T, V, H, stride_h, stride_w, scale, softcap,
+                                zero,
                                 HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
-                                ARGMAX: tl.constexpr, INTERPRET: tl.constexpr,
+                                ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
+                                INTERPRET: tl.constexpr,
                                 PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
                                 BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
                                 BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
@@ -193,15 +199,17 @@ def _partials_persistent_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr
         pid_t, pid_v = _tile_coords(tile, n_t, n_v, GROUP_T)
         acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v,
                                     zero, INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
-        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, T, V, pid_t,
-                       pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, BLOCK_T, BLOCK_V)
+        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
+                       T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
+                       BLOCK_T, BLOCK_V)
 
 
 @triton.jit
-def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr,
+def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
+                         zt_ptr,
                          T, V, H, scale, softcap, zero,
                          HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                         INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
+                         ZSUM: tl.constexpr, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_T: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
     # TMA zero-fills reads past T, V and H: zeros add nothing to a valid row's sums.
@@ -217,15 +225,17 @@ def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, par
             b = w_desc.load([pid_v * BLOCK_V, k0])
             acc, part = _dot_block(a, tl.trans(b), acc, part, fresh,
                                    _flush_at(k0, H, BLOCK_K, PROMOTE), INTERPRET, PROMOTE)
-        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, T, V, pid_t,
-                       pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, BLOCK_T, BLOCK_V)
+        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
+                       T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
+                       BLOCK_T, BLOCK_V)
 
 
 @triton.jit
-def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, t_ptr,
-                  logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr,
-                  T, NUM_BLOCKS, ignore_index,
-                  ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, BLOCK_R: tl.constexpr):
+def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_ptr,
+                  logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr,
+                  T, V, NUM_BLOCKS, ignore_index,
+                  ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
+                  BLOCK_R: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < T
     run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
@@ -233,6 +243,7 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, t_ptr,
     run_zs = tl.zeros((BLOCK_R,), tl.float32)
     arg_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     arg_idx = tl.zeros((BLOCK_R,), tl.int64)
+    run_zsum = tl.zeros((BLOCK_R,), tl.float32)
     for b in range(0, NUM_BLOCKS):  # vocab_*: ascending blocks, online max rescale
         part = b * T + rows.to(tl.int64)
         m = tl.load(pmax_ptr + part, mask=row_ok, other=0.0)
@@ -248,6 +259,8 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, t_ptr,
             idx = tl.load(parg_ptr + part, mask=row_ok, other=0)
             arg_idx = tl.where(m > arg_max, idx.to(tl.int64), arg_idx)
             arg_max = tl.maximum(arg_max, m)
+        if ZSUM:  # vocab_zsum: plain float32 adds, ascending
+            run_zsum += tl.load(pzsum_ptr + part, mask=row_ok, other=0.0)
         run_max = new_max
     lse = run_max + tl.log(run_sum)
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
@@ -260,13 +273,15 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, zt_ptr, t_ptr,
         tl.store(entropy_ptr + rows, lse - mean_z, mask=row_ok)
     if ARGMAX:
         tl.store(pred_ptr + rows, arg_idx, mask=row_ok)
+    if ZSUM:  # label smoothing's term: lse - mean_v z
+        tl.store(smooth_ptr + rows, lse - run_zsum / V, mask=row_ok)
 
 
 @triton.jit
-def _grad_logits_kernel(h_ptr, w_ptr, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, g_ptr,
+def _grad_logits_kernel(h_ptr, w_ptr, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, gs_ptr, g_ptr,
                         T, V, H, stride_h, stride_w, stride_g, v_first, n_cols,
                         scale, softcap, multiplier, ignore_index, zero,
-                        HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
+                        HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, SMOOTH: tl.constexpr,
                         INTERPRET: tl.constexpr, PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_T: tl.constexpr):
@@ -290,6 +305,9 @@ def _grad_logits_kernel(h_ptr, w_ptr, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr,
         ge = tl.load(ge_ptr + rows, mask=row_ok, other=0.0)
         mean_z = tl.load(meanz_ptr + rows, mask=row_ok, other=0.0)
         gz = gz - ge[:, None] * p * (z - mean_z[:, None])
+    if SMOOTH:  # d(lse - mean_v z)/dz = p - 1/V
+        gs = tl.load(gs_ptr + rows, mask=row_ok, other=0.0)
+        gz = gz + gs[:, None] * (p - 1.0 / V)
     if HAS_CAP:
         gz = gz * (multiplier * (1.0 - t * t))
     else:
