@@ -8,24 +8,31 @@ from opcontract import ContractViolation, dispatch
 from opcontract.outputs import CrossEntropyOutput, LogprobOutput
 
 BACKENDS = ["torch", "triton"]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton: interpreter on the CPU
+
+
+def inputs(**kw):
+    return [x.to(DEVICE) for x in head_inputs(**kw)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_optional_outputs_are_a_named_tuple(backend):
-    h, w, t = head_inputs()
+    h, w, t = inputs()
     slp = dispatch.op("softcap_logprob", backend=backend)
     plain = slp(h, w, t, softcap=20.0)
     out = slp(h, w, t, softcap=20.0, return_entropy=True)
     assert isinstance(out, LogprobOutput) and out.predicted is None
     assert torch.equal(out.logprob, plain)
-    assert (out.entropy > 0).all() and (out.entropy <= torch.log(torch.tensor(600.0))).all()
+    assert (out.entropy > 0).all() and (
+        out.entropy <= torch.log(torch.tensor(600.0, device=DEVICE))
+    ).all()
     out = slp(h, w, t, softcap=20.0, return_predicted=True)
     assert out.entropy is None and out.predicted.dtype == torch.int64
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_argmax_ties_go_to_the_lowest_index(backend):
-    h, w, t = head_inputs(T=4, V=300)
+    h, w, t = inputs(T=4, V=300)
     w[250] = w[40]  # an exact tie between columns 40 and 250 (different vocab blocks)
     w[41] = w[40]  # and within one block
     h[:] = w[40]  # make column 40 the maximum for every row
@@ -35,7 +42,7 @@ def test_argmax_ties_go_to_the_lowest_index(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_all_ignored_gives_zero_loss_and_zero_grads(backend):
-    h, w, t = head_inputs(ignore=range(6))
+    h, w, t = inputs(ignore=range(6))
     h.requires_grad_()
     w.requires_grad_()
     lce = dispatch.op("linear_cross_entropy", backend=backend)
@@ -47,7 +54,7 @@ def test_all_ignored_gives_zero_loss_and_zero_grads(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cross_entropy_is_minus_logprob_and_reduces(backend):
-    h, w, t = head_inputs(ignore=(1, 4))
+    h, w, t = inputs(ignore=(1, 4))
     lp = dispatch.op("softcap_logprob", backend=backend)(h, w, t, softcap=20.0)
     lce = dispatch.op("linear_cross_entropy", backend=backend)
     none = lce(h, w, t, softcap=20.0, reduction="none")
@@ -75,6 +82,6 @@ def test_cross_entropy_is_minus_logprob_and_reduces(backend):
     ],
 )
 def test_linear_cross_entropy_bad_params(bad, match):
-    h, w, t = head_inputs()
+    h, w, t = inputs()
     with pytest.raises(ContractViolation, match=match):
         dispatch.op("linear_cross_entropy")(h, w, t, **bad)
