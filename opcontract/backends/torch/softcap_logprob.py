@@ -185,46 +185,34 @@ def strict_backward(
     )
 
 
-class StrictHead(torch.autograd.Function):
-    """(logprob, entropy, predicted, smooth), differentiable in hidden and weight."""
+def head(
+    hidden,
+    weight,
+    targets,
+    *,
+    multiplier=1.0,
+    softcap=None,
+    ignore_index=-100,
+    entropy=False,
+    argmax=False,
+    zsum=False,
+    **_config,
+):
+    """Differentiable (logprob, entropy, predicted, smooth), through ``opcontract::lm_head``."""
+    from opcontract.backends import lm_head_op
 
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, multiplier, softcap, ignore_index):
-        logprob, entropy, predicted, lse, mean_z, smooth = strict_forward_all(
-            hidden, weight, targets, multiplier, softcap, ignore_index
-        )
-        ctx.save_for_backward(hidden, weight, targets, lse, mean_z)
-        ctx.params = (multiplier, softcap, ignore_index)
-        ctx.mark_non_differentiable(predicted)
-        return logprob, entropy, predicted, smooth
-
-    @staticmethod
-    def backward(ctx, g_logprob, g_entropy, _g_predicted, g_smooth):
-        hidden, weight, targets, lse, mean_z = ctx.saved_tensors
-        multiplier, softcap, ignore_index = ctx.params
-        if g_logprob is None:
-            g_logprob = torch.zeros_like(lse)
-        gh, gw = strict_backward(
-            hidden,
-            weight,
-            targets,
-            lse,
-            mean_z,
-            g_logprob,
-            g_entropy,
-            g_smooth,
-            multiplier,
-            softcap,
-            ignore_index,
-            ctx.needs_input_grad[0],
-            ctx.needs_input_grad[1],
-        )
-        return gh, gw, None, None, None, None
-
-
-def head(hidden, weight, targets, *, multiplier=1.0, softcap=None, ignore_index=-100, **_unused):
-    """Differentiable (logprob, entropy, predicted, smooth): every output, always."""
-    return StrictHead.apply(hidden, weight, targets, multiplier, softcap, ignore_index)
+    return lm_head_op.head(
+        "torch",
+        hidden,
+        weight,
+        targets,
+        multiplier=multiplier,
+        softcap=softcap,
+        ignore_index=ignore_index,
+        entropy=entropy,
+        argmax=argmax,
+        zsum=zsum,
+    )
 
 
 def strict_forward(
@@ -240,7 +228,14 @@ def strict_forward(
 ):
     """The contract's math in the contract's order, on any torch device; differentiable."""
     logprob, entropy, predicted, _ = head(
-        hidden, weight, targets, multiplier=multiplier, softcap=softcap, ignore_index=ignore_index
+        hidden,
+        weight,
+        targets,
+        multiplier=multiplier,
+        softcap=softcap,
+        ignore_index=ignore_index,
+        entropy=return_entropy,
+        argmax=return_predicted,
     )
     return _result(logprob, entropy, predicted, return_entropy, return_predicted)
 

@@ -299,38 +299,15 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
     return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
 
 
-class TritonHead(torch.autograd.Function):
-    """(logprob, entropy, predicted, smooth) with the fields not asked for as None."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, multiplier, softcap, ignore_index, entropy,
-                argmax, zsum, config):
-        r = forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
-                        ignore_index=ignore_index, entropy=entropy, argmax=argmax, zsum=zsum,
-                        config=config)
-        ctx.save_for_backward(hidden, weight, targets, r.lse, r.mean_z)
-        ctx.params = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index)
-        if r.predicted is not None:
-            ctx.mark_non_differentiable(r.predicted)
-        return r.logprob, r.entropy, r.predicted, r.smooth
-
-    @staticmethod
-    def backward(ctx, g_logprob, g_entropy, _g_pred, g_smooth):
-        hidden, weight, targets, lse, mean_z = ctx.saved_tensors
-        if g_logprob is None:
-            g_logprob = torch.zeros_like(lse)
-        gh, gw = backward(hidden, weight, targets, lse, mean_z, g_logprob,
-                          g_entropy if mean_z is not None else None, g_smooth, **ctx.params,
-                          need_hidden=ctx.needs_input_grad[0],
-                          need_weight=ctx.needs_input_grad[1])
-        return gh, gw, None, None, None, None, None, None, None, None
-
-
 def head(hidden, weight, targets, *, multiplier=1.0, softcap=None, ignore_index=-100,
          entropy=False, argmax=False, zsum=False, config=None):
-    """Differentiable (logprob, entropy | None, predicted | None, smooth | None)."""
-    return TritonHead.apply(hidden, weight, targets, multiplier, softcap, ignore_index,
-                            entropy, argmax, zsum, config)
+    """Differentiable (logprob, entropy | None, predicted | None, smooth | None), through
+    the ``opcontract::lm_head`` custom op (opaque to torch.compile)."""
+    from opcontract.backends import lm_head_op
+
+    return lm_head_op.head("triton", hidden, weight, targets, multiplier=multiplier,
+                           softcap=softcap, ignore_index=ignore_index, entropy=entropy,
+                           argmax=argmax, zsum=zsum, config=config)
 
 
 def softcap_logprob_forward(hidden, weight, targets, *, multiplier=1.0, softcap=None,
