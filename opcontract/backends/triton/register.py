@@ -9,38 +9,24 @@ from opcontract.backends.triton import softcap_logprob as slp
 from opcontract.contracts.schema import ReductionPlan
 
 
-def _run_softcap_logprob(config, **kw):
-    return slp.softcap_logprob_forward(**kw, config=config)
+def _plan(**kw) -> ReductionPlan:
+    return ReductionPlan(accumulate="float32", **kw)
 
 
-register(
-    op="softcap_logprob",
-    backend="triton",
-    name="triton.fused",
-    run=_run_softcap_logprob,
+# The LM head's reductions, shared by softcap_logprob and linear_cross_entropy.
+_HEAD_PLAN = {
+    "gemm_k": _plan(block=slp.GEMM_K_BLOCK),
+    "vocab_lse": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
+    "vocab_argmax": ReductionPlan(
+        accumulate="int64", block=slp.BLOCK_V, merge="argmax_lowest", split="fixed_blocks"
+    ),
+    "grad_hidden_v": _plan(block=slp.GRAD_CHUNK),
+    "grad_weight_t": _plan(block=slp.GEMM_K_BLOCK),
+}
+_HEAD = dict(
     devices=("cuda", "cpu"),
     capability=((8, 0), (12, 1)),
     dtypes=("bfloat16", "float16", "float32"),
-    plan={
-        "gemm_k": ReductionPlan(accumulate="float32", block=slp.GEMM_K_BLOCK),
-        "vocab_entropy": ReductionPlan(
-            accumulate="float32",
-            block=slp.BLOCK_V,
-            merge="online_max_rescale",
-            split="fixed_blocks",
-        ),
-        "vocab_argmax": ReductionPlan(
-            accumulate="int64", block=slp.BLOCK_V, merge="argmax_lowest", split="fixed_blocks"
-        ),
-        "grad_hidden_v": ReductionPlan(accumulate="float32", block=slp.GRAD_CHUNK),
-        "grad_weight_t": ReductionPlan(accumulate="float32", block=slp.GEMM_K_BLOCK),
-        "vocab_lse": ReductionPlan(
-            accumulate="float32",
-            block=slp.BLOCK_V,
-            merge="online_max_rescale",
-            split="fixed_blocks",
-        ),
-    },
     invariances=("run_to_run", "batch"),
     grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
     features=("approx_transcendentals",),
@@ -49,7 +35,19 @@ register(
     available=missing_library,
     device_check=device_reason,
     priority={"cuda": 20, "cpu": 5},
+)
+
+register(
+    op="softcap_logprob",
+    backend="triton",
+    name="triton.fused",
+    run=lambda config, **kw: slp.softcap_logprob_forward(**kw, config=config),
+    plan={
+        **_HEAD_PLAN,
+        "vocab_entropy": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
+    },
     summary="one fused GEMM + soft cap + per-block logsumexp kernel, then an ordered merge",
+    **_HEAD,
 )
 
 register(
@@ -57,32 +55,11 @@ register(
     backend="triton",
     name="triton.fused_ce",
     run=lambda config, **kw: lce.fused(**kw, config=config),
-    devices=("cuda", "cpu"),
-    capability=((8, 0), (12, 1)),
-    dtypes=("bfloat16", "float16", "float32"),
     plan={
-        "gemm_k": ReductionPlan(accumulate="float32", block=slp.GEMM_K_BLOCK),
-        "vocab_lse": ReductionPlan(
-            accumulate="float32",
-            block=slp.BLOCK_V,
-            merge="online_max_rescale",
-            split="fixed_blocks",
-        ),
-        "vocab_argmax": ReductionPlan(
-            accumulate="int64", block=slp.BLOCK_V, merge="argmax_lowest", split="fixed_blocks"
-        ),
-        "vocab_zsum": ReductionPlan(accumulate="float32", block=slp.BLOCK_V, split="fixed_blocks"),
-        "token_sum": ReductionPlan(accumulate="float32", block=1, order="pairwise"),
-        "grad_hidden_v": ReductionPlan(accumulate="float32", block=slp.GRAD_CHUNK),
-        "grad_weight_t": ReductionPlan(accumulate="float32", block=slp.GEMM_K_BLOCK),
+        **_HEAD_PLAN,
+        "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
+        "token_sum": _plan(block=1, order="pairwise"),
     },
-    invariances=("run_to_run", "batch"),
-    grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
-    features=("approx_transcendentals",),
-    config_space=slp.CONFIG_SPACE,
-    default_config=lambda call: slp.default_config(call.dtype, call.sizes.get("T")),
-    available=missing_library,
-    device_check=device_reason,
-    priority={"cuda": 20, "cpu": 5},
     summary="the fused Triton head, reduced over tokens by a fixed pairwise tree",
+    **_HEAD,
 )
