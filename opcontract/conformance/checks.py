@@ -197,7 +197,7 @@ def _grads(fn, contract, inputs, params, upstream):
     ``upstream``: a dict of tensors, or a seed to draw them shaped like the outputs.
     """
     leaves = {
-        k: (v.detach().clone().requires_grad_(True) if k in contract.grads else v)
+        k: (v.detach().clone().requires_grad_(True) if k in contract.grads and v is not None else v)
         for k, v in inputs.items()
     }
     outs = named_outputs(contract, fn(**leaves, **params))
@@ -209,16 +209,20 @@ def _grads(fn, contract, inputs, params, upstream):
             if o.differentiable and n in outs
         }
     loss = sum((outs[n].double() * upstream[n].to(outs[n].device)).sum() for n in upstream)
-    grads = torch.autograd.grad(loss, [leaves[k] for k in contract.grads])
-    return dict(zip(contract.grads, grads, strict=True))
+    names = [k for k in contract.grads if leaves[k] is not None]
+    grads = torch.autograd.grad(loss, [leaves[k] for k in names])
+    return dict(zip(names, grads, strict=True))
 
 
-def _upstream(contract, n, seed, device, extra_rows=0):
+def _upstream(contract, outs, seed, extra_rows=0):
+    """Per-row upstream gradients for the differentiable outputs, ``extra_rows`` more rows."""
     gen = torch.Generator().manual_seed(seed + 7)
     return {
-        name: torch.randn(n + extra_rows, generator=gen).to(device)
-        for name, o in contract.outputs.items()
-        if o.differentiable
+        name: torch.randn(
+            (o.shape[0] + extra_rows, *o.shape[1:]), generator=gen, dtype=torch.float64
+        ).to(o.device)
+        for name, o in outs.items()
+        if contract.outputs[name].differentiable
     }
 
 
@@ -232,7 +236,9 @@ def check_grad_accuracy(
 ) -> CheckResult:
     inputs, params = _case(contract, case, dtype, seed, device)
     got = _grads(run, contract, inputs, params, seed + 7)
-    as64 = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    as64 = {
+        k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in inputs.items()
+    }
     ref = _grads(reference_fn(contract), contract, as64, params, seed + 7)
     tol = contract.grad_tolerance[dtype]
     errs = {k: _rel(got[k], ref[k]) for k in got}
@@ -273,11 +279,11 @@ def check_grad_batch_invariance(
     pad: int = 5,
 ) -> CheckResult:
     """Rows of gradients promised batch-invariant, under the arrangements of ``batch``."""
-    names = [k for k, inv in contract.grads.items() if "batch" in inv]
     n = case.sizes[contract.conformance.batch_dim]
     inputs, params = _case(contract, case, dtype, seed, device)
+    names = [k for k, inv in contract.grads.items() if "batch" in inv and inputs[k] is not None]
     batched = batch_inputs(contract)
-    up = _upstream(contract, n, seed, device, extra_rows=pad)
+    up = _upstream(contract, named_outputs(contract, run(**inputs, **params)), seed, pad)
     full = _grads(run, contract, inputs, params, {k: v[:n] for k, v in up.items()})
     for what, idx, extra in _subsets(contract, case, dtype, seed, device, n, pad):
         rows = idx.to(device)

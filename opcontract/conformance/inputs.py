@@ -42,6 +42,9 @@ def make_inputs(
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name, spec in contract.inputs.items():
+        if any(params.get(p) in vals for p, vals in (spec.absent_when or {}).items()):
+            out[name] = None
+            continue
         shape = [dims[d] if isinstance(d, str) else d for d in spec.shape]
         allowed = contract.input_dtypes(name)
         dt = dtype if isinstance(spec.dtype, SameAs) or dtype in allowed else allowed[0]

@@ -54,6 +54,9 @@ class TensorSpec(_Strict):
     shape: list[str | int]
     dtype: list[DType] | SameAs
     values: ValueRange | None = None
+    absent_when: dict[str, list[str]] | None = Field(
+        None, description="param -> values for which this input must be None (else required)"
+    )
     doc: str = ""
 
 
@@ -67,7 +70,7 @@ class ParamSpec(_Strict):
 
 class OutputSpec(_Strict):
     shape: list[str | int]
-    dtype: DType
+    dtype: DType | Literal["input"]
     when: str | None = Field(None, description="bool param that asks for this output")
     differentiable: bool = False
     doc: str = ""
@@ -87,7 +90,7 @@ class Reduction(_Strict):
     over: str
     accumulate: Literal["float32", "float64", "int64"]
     block: int | Literal["impl"]
-    order: Literal["ascending", "pairwise"] = "ascending"
+    order: Literal["ascending", "pairwise", "tree"] = "ascending"
     merge: Merge = "add"
     split: Literal["none", "fixed_blocks"] = "none"
     phase: Literal["forward", "backward"] = "forward"
@@ -102,7 +105,7 @@ class ReductionPlan(_Strict):
 
     accumulate: Literal["float32", "float64", "int64"]
     block: int | Literal["library"]
-    order: Literal["ascending", "pairwise", "library"] = "ascending"
+    order: Literal["ascending", "pairwise", "tree", "library"] = "ascending"
     merge: Merge = "add"
     split: Literal["none", "fixed_blocks", "library"] = "none"
 
@@ -247,6 +250,15 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
             )
         elif not c.input_dtypes(name):
             out.append((("inputs", name, "dtype"), "same_as chain is circular"))
+        for param, vals in (spec.absent_when or {}).items():
+            choices = c.params[param].choices if param in c.params else None
+            if choices is None or not set(vals) <= set(choices):
+                out.append(
+                    (
+                        ("inputs", name, "absent_when"),
+                        f"'{param}' is not a str param with choices {vals}",
+                    )
+                )
         if spec.values is not None:
             for bound in spec.values.range:
                 if isinstance(bound, str) and bound not in symbols:

@@ -88,11 +88,22 @@ def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
                 "signature",
                 f"unexpected argument; inputs are {names}, params are {list(c.params)}",
             )
-    for name in names:
-        if name not in inputs:
-            raise ContractViolation(c.op, name, f"inputs.{name}", "missing")
     for name, spec in c.params.items():
         params[name] = _check_param(c, name, params.get(name, spec.default))
+    for name in names:
+        absent = [
+            f"{p}={params[p]!r}"
+            for p, vals in (c.inputs[name].absent_when or {}).items()
+            if params[p] in vals
+        ]
+        if absent and inputs.get(name) is not None:
+            raise ContractViolation(
+                c.op, name, f"inputs.{name}.absent_when", f"must be None when {', '.join(absent)}"
+            )
+        if absent:
+            inputs[name] = None
+        elif inputs.get(name) is None:
+            raise ContractViolation(c.op, name, f"inputs.{name}", "missing")
 
     sizes: dict[str, int] = {}
     bound_by: dict[str, str] = {}
@@ -100,6 +111,8 @@ def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
     first = None
     for name, spec in c.inputs.items():
         t = inputs[name]
+        if t is None:
+            continue
         if not isinstance(t, torch.Tensor):
             raise ContractViolation(
                 c.op, name, f"inputs.{name}", f"must be a torch.Tensor, got {type(t).__name__}"
@@ -136,6 +149,8 @@ def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
         dt = _dtype_name(t)
         if isinstance(spec.dtype, SameAs):
             other = spec.dtype.same_as
+            if inputs[other] is None:
+                continue
             want = _dtype_name(inputs[other])
             if dt != want:
                 raise ContractViolation(
@@ -150,7 +165,7 @@ def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
             )
 
     for name, spec in c.inputs.items():
-        if spec.values is None or inputs[name].numel() == 0:
+        if spec.values is None or inputs[name] is None or inputs[name].numel() == 0:
             continue
         t = inputs[name]
         lo, hi = (sizes[b] if isinstance(b, str) else b for b in spec.values.range)
@@ -169,7 +184,7 @@ def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
                 f"do not, e.g. {bad.flatten()[0].item()}",
             )
 
-    dtypes = {n: _dtype_name(t) for n, t in inputs.items()}
+    dtypes = {n: _dtype_name(t) for n, t in inputs.items() if t is not None}
     served = c.float_dtypes()
     dtype = next((d for d in dtypes.values() if d in served), dtypes[names[0]])
     return BoundCall(inputs, params, sizes, dtypes, dtype, device)
