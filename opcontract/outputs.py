@@ -20,3 +20,10 @@ class CrossEntropyOutput(NamedTuple):
 
     loss: torch.Tensor
     token_accuracy: torch.Tensor | None = None
+
+
+class AddNormOutput(NamedTuple):
+    """fused_add_rms_norm: the normalised rows and the residual stream to keep."""
+
+    y: torch.Tensor
+    residual_out: torch.Tensor

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+from opcontract.backends import norm_op
 from opcontract.backends.registry import register
 from opcontract.backends.torch import linear_cross_entropy as lce
 from opcontract.backends.torch import softcap_logprob as slp
@@ -88,4 +91,27 @@ register(
     plan={name: _LIBRARY for name in _LCE_PLAN},
     summary="stock torch cross_entropy on library-GEMM logits",
     **_EAGER,
+)
+
+_NORM_PLAN = {
+    "row_square": _plan(block=1, order="tree"),
+    "row_dot": _plan(block=1, order="tree"),
+    "dweight_t": _plan(block=64, split="none"),
+}
+_NORM_GRADS = {"x": ("run_to_run", "batch"), "weight": ("run_to_run",)}
+register(
+    op="rms_norm",
+    name="torch.strict_norm",
+    run=_call(functools.partial(norm_op.rms_norm, "torch")),
+    plan=_NORM_PLAN,
+    summary="elementwise float32 ops, pairwise-tree row sums",
+    **{**_STRICT, "grad_invariances": _NORM_GRADS},
+)
+register(
+    op="fused_add_rms_norm",
+    name="torch.strict_add_norm",
+    run=_call(functools.partial(norm_op.fused_add_rms_norm, "torch")),
+    plan=_NORM_PLAN,
+    summary="float32 sum rounded once, then the strict RMSNorm",
+    **{**_STRICT, "grad_invariances": {**_NORM_GRADS, "residual": ("run_to_run", "batch")}},
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from opcontract.backends import norm_op
 from opcontract.backends.registry import register
 from opcontract.backends.triton import device_reason, missing_library
 from opcontract.backends.triton import linear_cross_entropy as lce
@@ -62,4 +63,38 @@ register(
     },
     summary="the fused Triton head, reduced over tokens by a fixed pairwise tree",
     **_HEAD,
+)
+
+_NORM = dict(
+    devices=("cuda", "cpu"),
+    capability=((8, 0), (12, 1)),
+    dtypes=("bfloat16", "float16", "float32"),
+    plan={
+        "row_square": _plan(block=1, order="tree"),
+        "row_dot": _plan(block=1, order="tree"),
+        "dweight_t": _plan(block=64, split="fixed_blocks"),
+    },
+    invariances=("run_to_run", "batch"),
+    available=missing_library,
+    device_check=device_reason,
+    priority={"cuda": 20, "cpu": 5},
+)
+_NORM_GRADS = {"x": ("run_to_run", "batch"), "weight": ("run_to_run",)}
+register(
+    op="rms_norm",
+    backend="triton",
+    name="triton.norm",
+    run=lambda config, **kw: norm_op.rms_norm("triton", **kw),
+    grad_invariances=_NORM_GRADS,
+    summary="one program per row; weight gradient from ordered 64-row partials",
+    **_NORM,
+)
+register(
+    op="fused_add_rms_norm",
+    backend="triton",
+    name="triton.add_norm",
+    run=lambda config, **kw: norm_op.fused_add_rms_norm("triton", **kw),
+    grad_invariances={**_NORM_GRADS, "residual": ("run_to_run", "batch")},
+    summary="residual add and RMSNorm in one pass; ordered weight-gradient partials",
+    **_NORM,
 )

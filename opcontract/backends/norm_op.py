@@ -1,0 +1,96 @@
+"""RMSNorm (optionally fused with the residual add) as torch.library custom ops with
+registered autograd, opaque to torch.compile so the compiler can't change their bits."""
+
+from __future__ import annotations
+
+import torch
+
+from opcontract.outputs import AddNormOutput
+
+
+def _backend(name: str):
+    if name == "torch":
+        from opcontract.backends.torch import norms as m
+
+        return m.strict_forward, m.strict_backward
+    if name == "triton":
+        from opcontract.backends.triton import norms as m
+
+        return m.forward, m.backward
+    raise ValueError(f"no RMSNorm backend {name!r}")
+
+
+@torch.library.custom_op("opcontract::add_rms_norm", mutates_args=())
+def add_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    backend: str,
+    variant: str,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, residual_out or an empty tensor, rstd)."""
+    fwd, _ = _backend(backend)
+    y, rout, rstd = fwd(x, weight, residual, variant, eps)
+    return y, rout if rout is not None else x.new_empty((0,)), rstd
+
+
+@add_rms_norm.register_fake
+def _(x, weight, residual, backend, variant, eps):
+    return (
+        torch.empty_like(x),
+        torch.empty_like(x) if residual is not None else x.new_empty((0,)),
+        x.new_empty((x.shape[0],), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("opcontract::add_rms_norm_backward", mutates_args=())
+def add_rms_norm_backward(
+    dy: torch.Tensor,
+    d_residual_out: torch.Tensor | None,
+    x_in: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    backend: str,
+    variant: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight or an empty tensor)."""
+    _, bwd = _backend(backend)
+    dx, dw = bwd(dy, d_residual_out, x_in, weight, rstd, variant)
+    return dx, dw if dw is not None else dx.new_empty((0,))
+
+
+@add_rms_norm_backward.register_fake
+def _(dy, d_residual_out, x_in, weight, rstd, backend, variant):
+    return torch.empty_like(x_in), (
+        torch.empty_like(weight) if weight is not None else x_in.new_empty((0,))
+    )
+
+
+def _setup(ctx, inputs, output):
+    x, weight, residual, backend, variant, _ = inputs
+    y, rout, rstd = output
+    ctx.save_for_backward(rout if residual is not None else x, weight, rstd)
+    ctx.args = (backend, variant, residual is not None)
+
+
+def _backward(ctx, dy, d_rout, _d_rstd):
+    x_in, weight, rstd = ctx.saved_tensors
+    backend, variant, fused = ctx.args
+    if dy is None:
+        dy = torch.zeros_like(x_in)
+    dres = d_rout if fused and d_rout is not None and d_rout.numel() else None
+    dx, dw = add_rms_norm_backward(dy, dres, x_in, weight, rstd, backend, variant)
+    return dx, (dw if weight is not None else None), (dx if fused else None), None, None, None
+
+
+add_rms_norm.register_autograd(_backward, setup_context=_setup)
+
+
+def rms_norm(backend: str, x, weight=None, *, variant="plain", eps=1e-6):
+    return add_rms_norm(x, weight, None, backend, variant, float(eps))[0]
+
+
+def fused_add_rms_norm(backend: str, x, residual, weight=None, *, variant="plain", eps=1e-6):
+    y, rout, _ = add_rms_norm(x, weight, residual, backend, variant, float(eps))
+    return AddNormOutput(y, rout)

@@ -1,0 +1,80 @@
+"""Triton kernels of RMSNorm (optionally fused with the residual add), forward and backward.
+
+One program normalises one row: the row's square sum is a tl.sum tree fixed by BLOCK_H and
+num_warps, the same for every row. The backward's program walks DW_ROWS rows in ascending
+order, writing each row's dx and summing its weight-gradient partial in float32; a second
+kernel adds the partials in ascending order. No atomics.
+"""
+
+# fmt: off
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scale(w_ptr, cols, mask, VARIANT: tl.constexpr):
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if VARIANT == 1:  # centred: x·rstd·(1 + w)
+        w = 1.0 + w
+    return w
+
+
+@triton.jit
+def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, eps,
+                    HAS_RES: tl.constexpr, VARIANT: tl.constexpr, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    if HAS_RES:  # the sum in float32, rounded once to the input dtype
+        r = tl.load(r_ptr + row * stride + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(rout_ptr + row * stride + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x32 * x32, axis=0) / H + eps))
+    y = x32 * rstd
+    if VARIANT < 2:
+        y = y * _scale(w_ptr, cols, mask, VARIANT)
+    tl.store(y_ptr + row * stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T, H, stride,
+                    HAS_DRES: tl.constexpr, VARIANT: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    if VARIANT < 2:
+        s = _scale(w_ptr, cols, mask, VARIANT)
+    dw = tl.zeros((BLOCK_H,), tl.float32)
+    for i in range(ROWS):  # dweight_t: this block's rows in ascending order
+        row = tl.program_id(0).to(tl.int64) * ROWS + i
+        m = mask & ((cols.to(tl.int64) * 0 + row) < T)
+        x32 = tl.load(x_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + tl.minimum(row, T - 1))  # rows past T: masked below
+        xhat = x32 * rstd
+        g = dy
+        if VARIANT < 2:
+            g = dy * s
+        dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=0) / H))
+        if HAS_DRES:
+            dx += tl.load(dres_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
+        if VARIANT < 2:
+            dw += dy * xhat
+    if VARIANT < 2:
+        tl.store(dwp_ptr + tl.program_id(0).to(tl.int64) * H + cols, dw, mask=mask)
+
+
+@triton.jit
+def _sum_partials_kernel(p_ptr, out_ptr, N_PARTS, H, BLOCK: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < H
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for i in range(0, N_PARTS):  # ascending blocks of rows
+        acc += tl.load(p_ptr + i * H + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
