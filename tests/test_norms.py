@@ -88,3 +88,25 @@ def test_compiled_norm_keeps_its_bits(backend):
         results.append((*(o.detach() for o in outs), xs.grad, rs.grad, ws.grad))
     for eager, compiled in zip(*results, strict=True):
         assert torch.equal(eager, compiled)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_swiglu_packed_equals_separate(backend):
+    g, u, _ = _rows(T=5, H=48)
+    op = dispatch.op("swiglu", backend=backend)
+    separate = op(g, u)
+    packed = op(torch.cat([g, u], dim=-1), layout="packed")
+    assert torch.equal(separate, packed)
+
+
+def test_swiglu_bad_input():
+    g, u, _ = _rows(T=5, H=48)
+    op = dispatch.op("swiglu")
+    with pytest.raises(ContractViolation, match=r"'gate'.*constraints\[0\].*must be even"):
+        op(g[:, :47], layout="packed")
+    with pytest.raises(ContractViolation, match=r"'up'.*must be None when layout='packed'"):
+        op(g, u, layout="packed")
+    with pytest.raises(ContractViolation, match=r"'up'.*missing"):
+        op(g)
+    with pytest.raises(ContractViolation, match=r"'up'.*G = 40 here but G = 48"):
+        op(g, u[:, :40])

@@ -162,9 +162,10 @@ def _subsets(contract, case, dtype, seed, device, n, pad):
 
 
 def _take(inputs, batched, idx, extra=None):
-    sub = {k: (v[idx.to(v.device)] if k in batched else v) for k, v in inputs.items()}
+    rows = [k for k in batched if inputs[k] is not None]
+    sub = {k: (v[idx.to(v.device)] if k in rows else v) for k, v in inputs.items()}
     if extra:
-        sub = {k: (torch.cat([sub[k], extra[k]]) if k in batched else sub[k]) for k in sub}
+        sub = {k: (torch.cat([sub[k], extra[k]]) if k in rows else sub[k]) for k in sub}
     return sub
 
 

@@ -116,6 +116,15 @@ class EpilogueCast(_Strict):
     doc: str = ""
 
 
+class Constraint(_Strict):
+    """A relation between shape symbols, checked on every call (``when`` params match)."""
+
+    require: str = Field(description="Python expression over shape symbols, e.g. 'G % 2 == 0'")
+    argument: str
+    message: str
+    when: dict[str, list[str]] = Field(default_factory=dict)
+
+
 class ConformanceCase(_Strict):
     sizes: dict[str, int]
     skip: list[str] = Field(default_factory=list, description="checks that don't apply here")
@@ -139,6 +148,7 @@ class Contract(_Strict):
     named_result: str | None = Field(
         None, description="type of the named tuple returned when an optional output is asked for"
     )
+    constraints: list[Constraint] = Field(default_factory=list)
     grads: dict[str, list[Invariance]] = Field(
         default_factory=dict, description="inputs that get gradients, and what each guarantees"
     )
@@ -282,6 +292,17 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
                     out.append((("params", name, "default"), f"default {why}"))
         if p.choices is not None and p.default is not None and p.default not in p.choices:
             out.append((("params", name, "default"), f"default {p.default!r} not among choices"))
+    for i, k in enumerate(c.constraints):
+        try:
+            code = compile(k.require, "<constraint>", "eval")
+        except SyntaxError as e:
+            out.append((("constraints", i, "require"), f"not an expression: {e.msg}"))
+            continue
+        unknown = set(code.co_names) - symbols
+        if unknown:
+            out.append((("constraints", i, "require"), f"unknown symbols {sorted(unknown)}"))
+        if k.argument not in c.inputs:
+            out.append((("constraints", i, "argument"), f"'{k.argument}' is not an input"))
     for name, o in c.outputs.items():
         for d in o.shape:
             if isinstance(d, str) and d not in symbols:

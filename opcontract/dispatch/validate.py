@@ -164,6 +164,12 @@ def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
                 c.op, name, f"inputs.{name}.dtype", f"must be one of {list(spec.dtype)}, got {dt}"
             )
 
+    for i, k in enumerate(c.constraints):
+        if all(params.get(p) in vals for p, vals in k.when.items()) and not eval(  # noqa: S307
+            k.require, {"__builtins__": {}}, dict(sizes)
+        ):
+            raise ContractViolation(c.op, k.argument, f"constraints[{i}]", k.message)
+
     for name, spec in c.inputs.items():
         if spec.values is None or inputs[name] is None or inputs[name].numel() == 0:
             continue

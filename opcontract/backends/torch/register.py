@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from opcontract.backends import norm_op
+from opcontract.backends import norm_op, swiglu_op
 from opcontract.backends.registry import register
 from opcontract.backends.torch import linear_cross_entropy as lce
 from opcontract.backends.torch import softcap_logprob as slp
@@ -114,4 +114,16 @@ register(
     plan=_NORM_PLAN,
     summary="float32 sum rounded once, then the strict RMSNorm",
     **{**_STRICT, "grad_invariances": {**_NORM_GRADS, "residual": ("run_to_run", "batch")}},
+)
+
+register(
+    op="swiglu",
+    name="torch.strict_swiglu",
+    run=_call(functools.partial(swiglu_op.swiglu, "torch")),
+    plan={},
+    summary="elementwise float32, one cast",
+    **{
+        **_STRICT,
+        "grad_invariances": {"gate": ("run_to_run", "batch"), "up": ("run_to_run", "batch")},
+    },
 )

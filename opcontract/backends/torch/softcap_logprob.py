@@ -13,12 +13,16 @@ add), so the order of every reduction is written in this file and nowhere else:
 * grad_hidden_v: chunks of ``GRAD_CHUNK`` columns in ascending order, each chunk's
   partial summed over its columns one at a time, then added to a float32 buffer.
 * grad_weight_t: one float32 accumulator per element, the tokens walked one at a time.
+
+exp, log and tanh come from ``elementwise`` (float64, rounded once): torch's float32 CPU
+versions depend on an element's position in the tensor.
 """
 
 from __future__ import annotations
 
 import torch
 
+from opcontract.backends.torch import elementwise as ew
 from opcontract.outputs import LogprobOutput
 
 VOCAB_BLOCK = 128
@@ -82,7 +86,7 @@ def _block_logits(
         z, t = acc * multiplier, None
     else:  # the contract's scale: multiplier / softcap formed in float64, rounded once
         scale = torch.tensor(multiplier / softcap, dtype=torch.float32, device=h32.device)
-        t = torch.tanh(acc * scale)
+        t = ew.tanh(acc * scale)
         z = softcap * t
     valid = torch.arange(VOCAB_BLOCK, device=h32.device) < nv
     return z, t, valid
@@ -108,11 +112,11 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
         z, _, valid = _block_logits(h, weight, v0, multiplier, softcap)
         z = torch.where(valid, z, float("-inf"))
         m_b = z.max(dim=1).values
-        e = torch.exp(z - m_b[:, None])
+        e = ew.exp(z - m_b[:, None])
         s_b = _pairwise_sum(e)
         w_b = _pairwise_sum(torch.where(valid, e * z, 0.0))
         new_max = torch.maximum(run_max, m_b)
-        old_scale, b_scale = torch.exp(run_max - new_max), torch.exp(m_b - new_max)
+        old_scale, b_scale = ew.exp(run_max - new_max), ew.exp(m_b - new_max)
         run_sum = run_sum * old_scale + s_b * b_scale
         run_zsum = run_zsum * old_scale + w_b * b_scale
         run_max = new_max
@@ -123,7 +127,7 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
         hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
         zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
         z_target = torch.where(hit, zt, z_target)
-    lse = run_max + torch.log(run_sum)
+    lse = run_max + ew.log(run_sum)
     mean_z = run_zsum / run_sum
     logprob = torch.where(t != ignore_index, z_target - lse, 0.0)
     return logprob, lse - mean_z, arg_idx, lse, mean_z, lse - z_total / V
@@ -159,7 +163,7 @@ def strict_backward(
         chunk_h = torch.zeros(T, H, dtype=torch.float32, device=dev)
         for v0 in range(c0, min(c0 + GRAD_CHUNK, V), VOCAB_BLOCK):
             z, tanh_z, valid = _block_logits(h, weight, v0, multiplier, softcap)
-            p = torch.exp(z - lse[:, None])
+            p = ew.exp(z - lse[:, None])
             cols = torch.arange(v0, v0 + VOCAB_BLOCK, device=dev)
             gz = gl[:, None] * ((cols[None, :] == t[:, None]).float() - p)
             if ge is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opcontract.backends import norm_op
+from opcontract.backends import norm_op, swiglu_op
 from opcontract.backends.registry import register
 from opcontract.backends.triton import device_reason, missing_library
 from opcontract.backends.triton import linear_cross_entropy as lce
@@ -97,4 +97,22 @@ register(
     grad_invariances={**_NORM_GRADS, "residual": ("run_to_run", "batch")},
     summary="residual add and RMSNorm in one pass; ordered weight-gradient partials",
     **_NORM,
+)
+
+register(
+    op="swiglu",
+    backend="triton",
+    name="triton.swiglu",
+    run=lambda config, **kw: swiglu_op.swiglu("triton", **kw),
+    devices=("cuda", "cpu"),
+    capability=((8, 0), (12, 1)),
+    dtypes=("bfloat16", "float16", "float32"),
+    plan={},
+    invariances=("run_to_run", "batch"),
+    grad_invariances={"gate": ("run_to_run", "batch"), "up": ("run_to_run", "batch")},
+    features=("approx_transcendentals",),
+    available=missing_library,
+    device_check=device_reason,
+    priority={"cuda": 20, "cpu": 5},
+    summary="elementwise, float32 inside, one cast per output",
 )

@@ -1,0 +1,65 @@
+"""SwiGLU as torch.library custom ops with registered autograd (opaque to torch.compile)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _backend(name: str):
+    if name == "torch":
+        from opcontract.backends.torch import swiglu as m
+
+        return m.strict_forward, m.strict_backward
+    if name == "triton":
+        from opcontract.backends.triton import swiglu as m
+
+        return m.forward, m.backward
+    raise ValueError(f"no SwiGLU backend {name!r}")
+
+
+def _out_shape(gate, up):
+    return (gate.shape[0], gate.shape[-1] if up is not None else gate.shape[-1] // 2)
+
+
+@torch.library.custom_op("opcontract::swiglu", mutates_args=())
+def swiglu_op(gate: torch.Tensor, up: torch.Tensor | None, backend: str) -> torch.Tensor:
+    return _backend(backend)[0](gate, up)
+
+
+@swiglu_op.register_fake
+def _(gate, up, backend):
+    return gate.new_empty(_out_shape(gate, up))
+
+
+@torch.library.custom_op("opcontract::swiglu_backward", mutates_args=())
+def swiglu_backward(
+    dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dg, du = _backend(backend)[1](dy, gate, up)
+    return dg, du if du is not None else dg.new_empty((0,))
+
+
+@swiglu_backward.register_fake
+def _(dy, gate, up, backend):
+    return torch.empty_like(gate), (
+        torch.empty_like(up) if up is not None else gate.new_empty((0,))
+    )
+
+
+def _setup(ctx, inputs, output):
+    gate, up, backend = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.backend = backend
+
+
+def _backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    dg, du = swiglu_backward(dy, gate, up, ctx.backend)
+    return dg, (du if up is not None else None), None
+
+
+swiglu_op.register_autograd(_backward, setup_context=_setup)
+
+
+def swiglu(backend: str, gate, up=None, *, layout="separate"):
+    return swiglu_op(gate, up, backend)

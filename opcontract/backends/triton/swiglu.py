@@ -1,0 +1,56 @@
+"""Host code of the Triton SwiGLU kernels."""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 1024
+
+
+def _halves(gate, up):
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    if up is not None:
+        return gate, (up if up.stride(-1) == 1 else up.contiguous()), gate.shape[-1]
+    half = gate.shape[-1] // 2
+    return gate, gate[:, half:], half
+
+
+def forward(gate, up):
+    from opcontract.backends.triton.swiglu_kernels import _swiglu_fwd_kernel
+
+    g, u, n = _halves(gate, up)
+    y = torch.empty((g.shape[0], n), dtype=g.dtype, device=g.device)
+    if y.numel():
+        _swiglu_fwd_kernel[(g.shape[0], -(-n // BLOCK))](
+            g, u, y, n, g.stride(0), u.stride(0), y.stride(0), BLOCK=BLOCK
+        )
+    return y
+
+
+def backward(dy, gate, up):
+    """(d gate, d up | None): d gate is [T, 2I] when packed (up is None)."""
+    from opcontract.backends.triton.swiglu_kernels import _swiglu_bwd_kernel
+
+    g, u, n = _halves(gate, up)
+    dy = dy.contiguous()
+    if up is None:
+        d = torch.empty_like(g)
+        dg, du = d[:, :n], d[:, n:]
+    else:
+        dg, du = torch.empty_like(g), torch.empty_like(u)
+    if dy.numel():
+        _swiglu_bwd_kernel[(g.shape[0], -(-n // BLOCK))](
+            dy,
+            g,
+            u,
+            dg,
+            du,
+            n,
+            dy.stride(0),
+            g.stride(0),
+            u.stride(0),
+            dg.stride(0),
+            du.stride(0),
+            BLOCK=BLOCK,
+        )
+    return (d, None) if up is None else (dg, du)
