@@ -27,3 +27,10 @@ class AddNormOutput(NamedTuple):
 
     y: torch.Tensor
     residual_out: torch.Tensor
+
+
+class EmbeddingOutput(NamedTuple):
+    """normalized_embedding with return_raw=True."""
+
+    y: torch.Tensor
+    raw: torch.Tensor | None = None

@@ -110,3 +110,22 @@ def test_swiglu_bad_input():
         op(g)
     with pytest.raises(ContractViolation, match=r"'up'.*G = 40 here but G = 48"):
         op(g, u[:, :40])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_raw_rows_and_repeated_ids(backend):
+    table = torch.randn(7, 40).to(DEVICE).requires_grad_()
+    ids = torch.tensor([3, 3, 0, 6, 3], device=DEVICE)
+    out = dispatch.op("normalized_embedding", backend=backend)(ids, table, return_raw=True)
+    assert torch.equal(out.raw, table.detach()[ids])
+    (out.y.sum() + out.raw.sum()).backward()
+    assert torch.equal(table.grad[[1, 2, 4, 5]], torch.zeros(4, 40, device=DEVICE))
+    assert table.grad[3].abs().sum() > 0
+
+
+def test_embedding_ids_out_of_range():
+    table = torch.randn(7, 40)
+    with pytest.raises(ContractViolation, match=r"'ids'.*inputs\.ids\.values.*\[0, 7\)"):
+        dispatch.op("normalized_embedding")(torch.tensor([1, 7]), table)
+    with pytest.raises(ContractViolation, match=r"'ids'.*inputs\.ids\.values"):
+        dispatch.op("normalized_embedding")(torch.tensor([-1]), table)

@@ -94,3 +94,72 @@ def rms_norm(backend: str, x, weight=None, *, variant="plain", eps=1e-6):
 def fused_add_rms_norm(backend: str, x, residual, weight=None, *, variant="plain", eps=1e-6):
     y, rout, _ = add_rms_norm(x, weight, residual, backend, variant, float(eps))
     return AddNormOutput(y, rout)
+
+
+def _embedding_backend(name: str):
+    if name == "torch":
+        from opcontract.backends.torch import norms as m
+    elif name == "triton":
+        from opcontract.backends.triton import norms as m
+    else:
+        raise ValueError(f"no embedding backend {name!r}")
+    return m.embedding_forward, m.embedding_backward
+
+
+@torch.library.custom_op("opcontract::normalized_embedding", mutates_args=())
+def normalized_embedding_op(
+    ids: torch.Tensor, table: torch.Tensor, backend: str, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, raw, rstd)."""
+    return _embedding_backend(backend)[0](ids, table, eps)
+
+
+@normalized_embedding_op.register_fake
+def _(ids, table, backend, eps):
+    T, H = ids.shape[0], table.shape[1]
+    return (
+        table.new_empty((T, H)),
+        table.new_empty((T, H)),
+        table.new_empty((T,), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("opcontract::normalized_embedding_backward", mutates_args=())
+def normalized_embedding_backward(
+    dy: torch.Tensor,
+    d_raw: torch.Tensor | None,
+    ids: torch.Tensor,
+    table: torch.Tensor,
+    rstd: torch.Tensor,
+    backend: str,
+) -> torch.Tensor:
+    return _embedding_backend(backend)[1](dy, d_raw, ids, table, rstd)
+
+
+@normalized_embedding_backward.register_fake
+def _(dy, d_raw, ids, table, rstd, backend):
+    return torch.empty_like(table)
+
+
+def _embed_setup(ctx, inputs, output):
+    ids, table, backend, _ = inputs
+    ctx.save_for_backward(ids, table, output[2])
+    ctx.backend = backend
+
+
+def _embed_backward(ctx, dy, d_raw, _d_rstd):
+    ids, table, rstd = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros(ids.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
+    dtable = normalized_embedding_backward(dy, d_raw, ids, table, rstd, ctx.backend)
+    return None, dtable, None, None
+
+
+normalized_embedding_op.register_autograd(_embed_backward, setup_context=_embed_setup)
+
+
+def normalized_embedding(backend: str, ids, table, *, eps=1e-5, return_raw=False):
+    from opcontract.outputs import EmbeddingOutput
+
+    y, raw, _ = normalized_embedding_op(ids, table, backend, float(eps))
+    return EmbeddingOutput(y, raw) if return_raw else y

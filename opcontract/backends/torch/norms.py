@@ -34,6 +34,14 @@ def fused_add_rms_norm_reference(x, residual, weight=None, *, variant="plain", e
     return AddNormOutput(rms_norm_reference(total, weight, variant=variant, eps=eps), total)
 
 
+def normalized_embedding_reference(ids, table, *, eps=1e-5, return_raw=False):
+    from opcontract.outputs import EmbeddingOutput
+
+    raw = table.double()[ids.long()]
+    y = rms_norm_reference(raw, variant="weightless", eps=eps)
+    return EmbeddingOutput(y, raw) if return_raw else y
+
+
 def tree_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over the last dim by a fixed halving tree over zeros-padded 2**k entries."""
     n = x.shape[-1]
@@ -67,8 +75,9 @@ def strict_forward(x, weight, residual, variant, eps):
     return y.to(x.dtype), residual_out, rstd
 
 
-def strict_backward(dy, d_residual_out, x_in, weight, rstd, variant):
-    """(dx, dweight | None) where x_in is the normalised input (residual_out if fused)."""
+def strict_backward(dy, d_residual_out, x_in, weight, rstd, variant, dx_dtype=None):
+    """(dx, dweight | None) where x_in is the normalised input (residual_out if fused);
+    dx in ``dx_dtype`` (default: x_in's)."""
     T, H = x_in.shape
     xhat = x_in.float() * rstd[:, None]
     dy32 = dy.float()
@@ -86,4 +95,21 @@ def strict_backward(dy, d_residual_out, x_in, weight, rstd, variant):
                 part = part + dy32[t] * xhat[t]
             dw = dw + part
         dw = dw.to(weight.dtype)
-    return dx.to(x_in.dtype), dw
+    return dx.to(dx_dtype or x_in.dtype), dw
+
+
+def embedding_forward(ids, table, eps):
+    """(y, raw, rstd)."""
+    raw = table[ids.long()]
+    y, _, rstd = strict_forward(raw, None, None, "weightless", eps)
+    return y, raw, rstd
+
+
+def embedding_backward(dy, d_raw, ids, table, rstd):
+    """dtable: token gradients in float32, summed per table row in ascending token order."""
+    raw = table[ids.long()]
+    dx, _ = strict_backward(dy, d_raw, raw, None, rstd, "weightless", dx_dtype=torch.float32)
+    dtable = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
+    for t, v in enumerate(ids.long().tolist()):  # dtable_t: ascending tokens
+        dtable[v] = dtable[v] + dx[t]
+    return dtable.to(table.dtype)

@@ -127,3 +127,16 @@ register(
         "grad_invariances": {"gate": ("run_to_run", "batch"), "up": ("run_to_run", "batch")},
     },
 )
+
+register(
+    op="normalized_embedding",
+    name="torch.strict_embedding",
+    run=_call(functools.partial(norm_op.normalized_embedding, "torch")),
+    plan={
+        "row_square": _plan(block=1, order="tree"),
+        "row_dot": _plan(block=1, order="tree"),
+        "dtable_t": _plan(block=1),
+    },
+    summary="gather, strict weightless RMSNorm; table gradient summed token by token",
+    **{**_STRICT, "grad_invariances": {"table": ("run_to_run",)}},
+)

@@ -82,3 +82,65 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         block = 256
         k._sum_partials_kernel[(-(-H // block),)](parts, dw, n_parts, H, BLOCK=block)
     return dx, dw
+
+
+def embedding_forward(ids, table, eps):
+    """(y, raw, rstd)."""
+    from opcontract.backends.triton import norms_kernels as k
+
+    T, H = ids.shape[0], table.shape[1]
+    table = table if table.stride(-1) == 1 else table.contiguous()
+    y = torch.empty((T, H), dtype=table.dtype, device=table.device)
+    raw = torch.empty_like(y)
+    rstd = torch.empty(T, dtype=torch.float32, device=table.device)
+    if T:
+        bh = _block_h(H)
+        k._embed_fwd_kernel[(T,)](
+            ids.contiguous(),
+            table,
+            y,
+            raw,
+            rstd,
+            H,
+            table.stride(0),
+            float(eps),
+            RAW=True,
+            BLOCK_H=bh,
+            num_warps=_warps(bh),
+        )
+    return y, raw, rstd
+
+
+def embedding_backward(dy, d_raw, ids, table, rstd):
+    """dtable: float32 token gradients summed per table row in ascending token order."""
+    from opcontract.backends.triton import norms_kernels as k
+
+    T, H = ids.shape[0], table.shape[1]
+    table = table if table.stride(-1) == 1 else table.contiguous()
+    dtable = torch.zeros_like(table)
+    if T == 0:
+        return dtable
+    ids = ids.contiguous()
+    dx = torch.empty((T, H), dtype=torch.float32, device=table.device)
+    bh = _block_h(H)
+    k._embed_dx_kernel[(T,)](
+        dy.contiguous(),
+        d_raw.contiguous() if d_raw is not None else dy,
+        ids,
+        table,
+        rstd,
+        dx,
+        H,
+        table.stride(0),
+        HAS_DRAW=d_raw is not None,
+        BLOCK_H=bh,
+        num_warps=_warps(bh),
+    )
+    order = torch.argsort(ids, stable=True)  # each id's tokens stay in ascending order
+    uids, counts = torch.unique_consecutive(ids[order], return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    block = 256
+    k._segment_sum_kernel[(uids.numel(), -(-H // block))](
+        dx, order, starts, counts, uids, dtable, H, BLOCK=block
+    )
+    return dtable

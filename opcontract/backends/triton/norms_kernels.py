@@ -78,3 +78,54 @@ def _sum_partials_kernel(p_ptr, out_ptr, N_PARTS, H, BLOCK: tl.constexpr):
     for i in range(0, N_PARTS):  # ascending blocks of rows
         acc += tl.load(p_ptr + i * H + cols, mask=mask, other=0.0)
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _embed_fwd_kernel(ids_ptr, table_ptr, y_ptr, raw_ptr, rstd_ptr, H, stride_t, eps,
+                      RAW: tl.constexpr, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    v = tl.load(ids_ptr + row).to(tl.int64)
+    x = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0)
+    if RAW:
+        tl.store(raw_ptr + row * H + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x32 * x32, axis=0) / H + eps))
+    tl.store(y_ptr + row * H + cols, (x32 * rstd).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _embed_dx_kernel(dy_ptr, draw_ptr, ids_ptr, table_ptr, rstd_ptr, dx_ptr, H, stride_t,
+                     HAS_DRAW: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The token's gradient, kept in float32 for the ordered per-row sums."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    v = tl.load(ids_ptr + row).to(tl.int64)
+    x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + row)
+    xhat = x32 * rstd
+    dx = rstd * (dy - xhat * (tl.sum(dy * xhat, axis=0) / H))
+    if HAS_DRAW:
+        dx += tl.load(draw_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptr + row * H + cols, dx, mask=mask)
+
+
+@triton.jit
+def _segment_sum_kernel(dx_ptr, order_ptr, starts_ptr, counts_ptr, uids_ptr, out_ptr, H,
+                        BLOCK: tl.constexpr):
+    """dtable_t: one table row's tokens, in ascending token order, summed in float32."""
+    seg = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < H
+    start = tl.load(starts_ptr + seg)
+    n = tl.load(counts_ptr + seg)
+    v = tl.load(uids_ptr + seg).to(tl.int64)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for i in range(0, n):
+        t = tl.load(order_ptr + start + i).to(tl.int64)
+        acc += tl.load(dx_ptr + t * H + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + v * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)

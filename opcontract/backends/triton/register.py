@@ -116,3 +116,24 @@ register(
     priority={"cuda": 20, "cpu": 5},
     summary="elementwise, float32 inside, one cast per output",
 )
+
+register(
+    op="normalized_embedding",
+    backend="triton",
+    name="triton.embedding",
+    run=lambda config, **kw: norm_op.normalized_embedding("triton", **kw),
+    devices=("cuda", "cpu"),
+    capability=((8, 0), (12, 1)),
+    dtypes=("bfloat16", "float16", "float32"),
+    plan={
+        "row_square": _plan(block=1, order="tree"),
+        "row_dot": _plan(block=1, order="tree"),
+        "dtable_t": _plan(block=1),
+    },
+    invariances=("run_to_run", "batch"),
+    grad_invariances={"table": ("run_to_run",)},
+    available=missing_library,
+    device_check=device_reason,
+    priority={"cuda": 20, "cpu": 5},
+    summary="fused gather + norm; table gradient per row over stably sorted tokens",
+)
