@@ -227,7 +227,7 @@ def forward_all(
 
 def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
     """c (+)= a @ b with the strides given as (row, col) pairs; the K loop ascending."""
-    from opcontract.backends.triton import softcap_logprob_kernels as k
+    from opcontract.backends.triton import gemm_kernels as k
 
     cfg = dict(GRAD_GEMM, **(GRAD_GEMM_INTERPRETER if interpreting() else {}))
     block_k = BLOCK_K[_dtype(a)]
@@ -235,6 +235,7 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
     k._gemm_kernel[grid](
         a,
         b,
+        c,
         c,
         M,
         N,
@@ -244,6 +245,7 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         *sc,
         0.0,
         ACCUMULATE=accumulate,
+        BIAS=False,
         INTERPRET=interpreting(),
         PROMOTE=GEMM_K_BLOCK // block_k,
         BLOCK_M=cfg["block_m"],
