@@ -54,6 +54,7 @@ class TensorSpec(_Strict):
     shape: list[str | int]
     dtype: list[DType] | SameAs
     values: ValueRange | None = None
+    optional: bool = Field(False, description="may be None")
     absent_when: dict[str, list[str]] | None = Field(
         None, description="param -> values for which this input must be None (else required)"
     )

@@ -103,7 +103,9 @@ def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
         if absent:
             inputs[name] = None
         elif inputs.get(name) is None:
-            raise ContractViolation(c.op, name, f"inputs.{name}", "missing")
+            if not c.inputs[name].optional:
+                raise ContractViolation(c.op, name, f"inputs.{name}", "missing")
+            inputs[name] = None
 
     sizes: dict[str, int] = {}
     bound_by: dict[str, str] = {}

@@ -12,18 +12,18 @@ from opcontract.outputs import CrossEntropyOutput
 
 
 def pairwise_sum(x: torch.Tensor) -> torch.Tensor:
-    """token_sum: sum of a 1-D tensor by a fixed halving tree over zeros-padded 2**k entries.
+    """Sum over dim 0 by a fixed halving tree over zeros-padded 2**k entries.
 
     Elementwise adds only, so the result is the same on every device and every run
-    (differentiable).
+    (differentiable). Used for token_sum and for bias gradients.
     """
     n = x.shape[0]
     size = 1 << max(n - 1, 0).bit_length()
-    x = torch.cat([x, x.new_zeros(size - n)]) if size > n else x
+    x = torch.cat([x, x.new_zeros(size - n, *x.shape[1:])]) if size > n else x
     while x.shape[0] > 1:
         half = x.shape[0] // 2
         x = x[:half] + x[half:]
-    return x.reshape(())
+    return x.reshape(x.shape[1:])
 
 
 def reduce_tokens(per_token: torch.Tensor, keep: torch.Tensor, reduction: str) -> torch.Tensor:

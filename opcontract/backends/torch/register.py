@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 
-from opcontract.backends import norm_op, swiglu_op
+from opcontract.backends import gemm_op, norm_op, swiglu_op
 from opcontract.backends.registry import register
+from opcontract.backends.torch import dense_gemm as dg
 from opcontract.backends.torch import linear_cross_entropy as lce
 from opcontract.backends.torch import softcap_logprob as slp
 from opcontract.contracts.schema import ReductionPlan
@@ -139,4 +140,32 @@ register(
     },
     summary="gather, strict weightless RMSNorm; table gradient summed token by token",
     **{**_STRICT, "grad_invariances": {"table": ("run_to_run",)}},
+)
+
+_GEMM_PLAN = {
+    "gemm_k": _plan(block=dg.K_BLOCK),
+    "grad_x_n": _plan(block=dg.K_BLOCK),
+    "grad_weight_m": _plan(block=dg.K_BLOCK),
+    "grad_bias_m": _plan(block=1, order="pairwise"),
+}
+_GEMM_GRADS = {"x": ("run_to_run", "batch"), "weight": ("run_to_run",), "bias": ("run_to_run",)}
+register(
+    op="dense_gemm",
+    name="torch.strict_gemm",
+    run=_call(functools.partial(gemm_op.dense_gemm, "torch")),
+    plan=_GEMM_PLAN,
+    summary="elementwise float32, 256-element promoted partials",
+    **{**_STRICT, "grad_invariances": _GEMM_GRADS},
+)
+register(
+    op="dense_gemm",
+    name="torch.cublas",
+    run=_call(dg.cublas_forward),
+    plan={name: _LIBRARY for name in _GEMM_PLAN},
+    summary="stock F.linear (cuBLAS / CPU BLAS): not batch-invariant",
+    **{
+        **_EAGER,
+        "features": ("library_gemm",),
+        "grad_invariances": {"x": (), "weight": (), "bias": ()},
+    },
 )

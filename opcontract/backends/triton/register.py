@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from opcontract.backends import norm_op, swiglu_op
+from opcontract.backends import gemm_op, norm_op, swiglu_op
 from opcontract.backends.registry import register
+from opcontract.backends.triton import dense_gemm as dg
 from opcontract.backends.triton import device_reason, missing_library
 from opcontract.backends.triton import linear_cross_entropy as lce
 from opcontract.backends.triton import softcap_logprob as slp
@@ -136,4 +137,30 @@ register(
     device_check=device_reason,
     priority={"cuda": 20, "cpu": 5},
     summary="fused gather + norm; table gradient per row over stably sorted tokens",
+)
+
+register(
+    op="dense_gemm",
+    backend="triton",
+    name="triton.gemm",
+    run=lambda config, **kw: gemm_op.dense_gemm("triton", **kw),
+    devices=("cuda", "cpu"),
+    capability=((8, 0), (12, 1)),
+    dtypes=("bfloat16", "float16", "float32"),
+    plan={
+        "gemm_k": _plan(block=dg.K_BLOCK),
+        "grad_x_n": _plan(block=dg.K_BLOCK),
+        "grad_weight_m": _plan(block=dg.K_BLOCK),
+        "grad_bias_m": _plan(block=1, order="pairwise"),
+    },
+    invariances=("run_to_run", "batch"),
+    grad_invariances={
+        "x": ("run_to_run", "batch"),
+        "weight": ("run_to_run",),
+        "bias": ("run_to_run",),
+    },
+    available=missing_library,
+    device_check=device_reason,
+    priority={"cuda": 20, "cpu": 5},
+    summary="tiled GEMM, K in 256-element promoted partials, no split-K, bias in float32",
 )

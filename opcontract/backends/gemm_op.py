@@ -1,0 +1,66 @@
+"""dense_gemm as torch.library custom ops with registered autograd (opaque to torch.compile)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _backend(name: str):
+    if name == "torch":
+        from opcontract.backends.torch import dense_gemm as m
+
+        return m.strict_forward, m.strict_backward
+    if name == "triton":
+        from opcontract.backends.triton import dense_gemm as m
+
+        return m.forward, m.backward
+    raise ValueError(f"no dense_gemm backend {name!r}")
+
+
+@torch.library.custom_op("opcontract::dense_gemm", mutates_args=())
+def dense_gemm_op(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str
+) -> torch.Tensor:
+    return _backend(backend)[0](x, weight, bias)
+
+
+@dense_gemm_op.register_fake
+def _(x, weight, bias, backend):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@torch.library.custom_op("opcontract::dense_gemm_backward", mutates_args=())
+def dense_gemm_backward(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, has_bias: bool, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dw, db = _backend(backend)[1](dy, x, weight, has_bias)
+    return dx, dw, db if db is not None else weight.new_empty((0,))
+
+
+@dense_gemm_backward.register_fake
+def _(dy, x, weight, has_bias, backend):
+    return (
+        torch.empty_like(x),
+        torch.empty_like(weight),
+        weight.new_empty((weight.shape[0],) if has_bias else (0,)),
+    )
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, backend = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.args = (bias is not None, backend)
+
+
+def _backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    has_bias, backend = ctx.args
+    dx, dw, db = dense_gemm_backward(dy, x, weight, has_bias, backend)
+    return dx, dw, (db if has_bias else None), None
+
+
+dense_gemm_op.register_autograd(_backward, setup_context=_setup)
+
+
+def dense_gemm(backend: str, x, weight, bias=None):
+    return dense_gemm_op(x, weight, bias, backend)

@@ -1,0 +1,78 @@
+"""dense_gemm: bias, bad input, selection, StrictLinear, torch.compile."""
+
+import pytest
+import torch
+
+from opcontract import ContractViolation, NoBackendError, dispatch
+from opcontract.dispatch.device import simulate
+from opcontract.nn import StrictLinear
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _xwb(M=5, K=72, N=24, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*s, generator=g).to(dtype).to(DEVICE) for s in ((M, K), (N, K), (N,))]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_bias_optional_and_close_to_float64(backend):
+    x, w, b = _xwb()
+    gemm = dispatch.op("dense_gemm", backend=backend)
+    ref = x.double() @ w.double().T
+    torch.testing.assert_close(gemm(x, w).double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gemm(x, w, b).double(), ref + b.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input():
+    x, w, b = _xwb()
+    gemm = dispatch.op("dense_gemm")
+    with pytest.raises(ContractViolation, match=r"'weight'.*K = 70 here but K = 72"):
+        gemm(x, w[:, :70])
+    with pytest.raises(ContractViolation, match=r"'bias'.*N = 23 here but N = 24"):
+        gemm(x, w, b[:23])
+    with pytest.raises(ContractViolation, match=r"'weight'.*dtype of 'x'"):
+        gemm(x, w.bfloat16())
+    with pytest.raises(ContractViolation, match=r"'bias'.*device"):
+        gemm(x, w, b.to("meta"))
+
+
+def test_cublas_only_in_relaxed_mode_and_selection():
+    x, w, b = _xwb()
+    with pytest.raises(NoBackendError, match="torch.cublas: does not satisfy the contract"):
+        dispatch.op("dense_gemm", backend="torch.cublas")(x, w, b)
+    out = dispatch.op("dense_gemm", backend="torch.cublas", mode="relaxed")(x, w, b)
+    assert out.shape == (5, 24)
+    with simulate((9, 0), name="H200"):
+        assert dispatch.explain("dense_gemm", x, w, b).implementation == "triton.gemm"
+    with simulate((7, 0)):
+        r = dispatch.explain("dense_gemm", x, w, b)
+    assert "this GPU is SM70" in r.rejected["triton.gemm"]
+
+
+def test_strict_linear_is_a_drop_in_linear():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(72, 24).to(DEVICE)
+    strict = StrictLinear.from_linear(lin)
+    assert strict.state_dict().keys() == lin.state_dict().keys()
+    x = torch.randn(2, 3, 72, device=DEVICE)
+    torch.testing.assert_close(strict(x), lin(x), rtol=1e-5, atol=1e-5)
+    fresh = StrictLinear(72, 24, bias=False).to(DEVICE)
+    fresh.load_state_dict({"weight": lin.weight.detach()})
+    rows = torch.randn(7, 72, device=DEVICE)
+    assert torch.equal(fresh(rows)[2:3], fresh(rows[2:3]))  # a row alone = in a batch
+
+
+def test_strict_linear_autograd_and_compile_keep_bits():
+    torch.manual_seed(0)
+    layer = StrictLinear(72, 24).to(DEVICE)
+    x = torch.randn(6, 72, device=DEVICE)
+    results = []
+    for fn in (layer, torch.compile(layer, dynamic=False)):
+        layer.zero_grad()
+        xs = x.clone().requires_grad_()
+        y = fn(xs)
+        y.backward(torch.linspace(-1, 1, y.numel(), device=DEVICE).reshape(y.shape))
+        results.append((y.detach(), xs.grad, layer.weight.grad.clone(), layer.bias.grad.clone()))
+    for eager, compiled in zip(*results, strict=True):
+        assert torch.equal(eager, compiled)
