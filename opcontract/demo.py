@@ -46,7 +46,11 @@ def main() -> int:
         print(dispatch.explain(op, **inputs, **params))
         out = dispatch.op(op)(**inputs, **params)
         print("provenance:", dispatch.last_provenance().as_dict())
-        print("output[:4]:", out[:4].tolist() if isinstance(out, torch.Tensor) else out)
+        first = out if isinstance(out, torch.Tensor) else out[0]
+        print(
+            f"output: {type(out).__name__} {list(first.shape)} {first.dtype}, "
+            f"first values {first.flatten()[:4].tolist()}"
+        )
         for impl in implementations(op):
             if impl.relaxed_only:
                 continue

@@ -105,17 +105,16 @@ def declaration_problems(impl: Implementation, contract: Contract) -> list[str]:
         if p is None:
             out.append(f"declares no plan for reduction '{name}'")
             continue
+        if "library" in (p.block, p.order, p.split):
+            out.append(f"reduction '{name}' runs in a library-chosen order")
+            continue
         if p.accumulate != red.accumulate:
             out.append(
                 f"reduction '{name}' accumulates in {p.accumulate}, contract needs {red.accumulate}"
             )
-        if p.block == "library" or p.order == "library" or p.split == "library":
-            out.append(
-                f"reduction '{name}' runs in a library-chosen order (contract: ascending blocks)"
-            )
-        elif p.order != red.order:
+        if p.order != red.order:
             out.append(f"reduction '{name}' runs in {p.order} order, contract needs {red.order}")
-        elif red.block != "impl" and p.block != red.block:
+        if red.block != "impl" and p.block != red.block:
             out.append(f"reduction '{name}' uses block {p.block}, contract pins {red.block}")
         if p.merge != red.merge:
             out.append(f"reduction '{name}' merges with {p.merge}, contract needs {red.merge}")
