@@ -93,6 +93,16 @@ def implementations(op: str | None = None) -> list[Implementation]:
     return [i for i in _REGISTRY.values() if op is None or i.op == op]
 
 
+def implementation(name: str) -> Implementation:
+    """The registered implementation called ``name``."""
+    from opcontract import backends
+
+    backends.load()
+    if name not in _REGISTRY:
+        raise KeyError(f"no implementation '{name}'; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
 def declaration_problems(impl: Implementation, contract: Contract) -> list[str]:
     """Ways the implementation's declaration falls short of the contract (empty: conforms)."""
     out: list[str] = []

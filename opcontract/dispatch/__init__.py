@@ -39,6 +39,7 @@ class Report:
     config: dict[str, Any]
     accepted: list[str]
     rejected: dict[str, str]
+    tuning_entry: str | None = None
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
@@ -49,6 +50,8 @@ class Report:
             )
         else:
             lines.append("  selected: none")
+        if self.tuning_entry:
+            lines.append(f"  tuned config from {self.tuning_entry}")
         for name in self.accepted:
             if name != self.implementation:
                 lines.append(f"  also eligible: {name}")
@@ -69,6 +72,7 @@ def _report(name: str, mode: str, sel: Selection) -> Report:
         config=dict(sel.config),
         accepted=[i.name for i in sel.accepted],
         rejected=dict(sel.rejected),
+        tuning_entry=sel.tuning_entry,
     )
 
 
@@ -112,6 +116,7 @@ class OpFunction:
                 dtypes=dict(bound.dtypes),
                 mode=self.mode,
                 params=dict(bound.params),
+                tuning_entry=sel.tuning_entry,
             )
         )
         return out

@@ -21,6 +21,7 @@ class Provenance:
     dtypes: dict[str, str]
     mode: str
     params: dict[str, Any] = field(default_factory=dict)
+    tuning_entry: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,6 +13,7 @@ from opcontract.backends.registry import (
 from opcontract.contracts.schema import Contract
 from opcontract.dispatch.device import device_of
 from opcontract.dispatch.validate import BoundCall
+from opcontract.tuning.db import bucket_of, default_db
 
 MODES = ("strict", "relaxed")
 
@@ -24,6 +25,7 @@ class Selection:
     config: dict = field(default_factory=dict)
     accepted: list[Implementation] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
+    tuning_entry: str | None = None
 
 
 def call_info(bound: BoundCall) -> CallInfo:
@@ -49,4 +51,16 @@ def select(contract: Contract, bound: BoundCall, backend: str | None, mode: str)
     if sel.accepted:
         sel.selected = max(sel.accepted, key=lambda i: i.priority.get(call.device.type, 0))
         sel.config = sel.selected.default_config(call)
+        if sel.selected.config_space:
+            entry = default_db().lookup(
+                call.device,
+                contract.op,
+                sel.selected.name,
+                call.dtype,
+                bucket_of(call.sizes.get(contract.conformance.batch_dim, 0)),
+                contract.sha256,
+            )
+            if entry is not None:
+                sel.config = {**sel.config, **entry.config}
+                sel.tuning_entry = entry.describe()
     return sel

@@ -1,0 +1,232 @@
+"""The tuning database: JSON tables shipped in the package plus user tables, keyed by GPU
+name and compute capability, op, implementation, dtype and batch bucket, each entry stamped
+with the versions and the contract hash it was verified under.
+
+An entry whose stamp doesn't match this machine, or a corrupt file, is ignored with one
+warning, and the default config runs. Writes are atomic (a temporary file renamed over the
+table) under an exclusive lock, so concurrent tuners never corrupt a table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import opcontract
+from opcontract.backends.registry import DeviceInfo
+
+FORMAT = 1
+PACKAGE_TABLES = Path(__file__).parent / "tables"
+ENV = "OPCONTRACT_TUNING_PATH"
+KEY_FIELDS = ("gpu", "capability", "op", "implementation", "dtype", "bucket")
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, stacklevel=3)
+
+
+def bucket_of(n: int) -> int:
+    """The batch bucket: the next power of two (0 for an empty batch)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def stamp() -> dict[str, str | None]:
+    """Versions an entry is valid for."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    try:
+        from importlib.metadata import version
+
+        cutlass = version("nvidia-cutlass-dsl")
+    except Exception:
+        cutlass = None
+    driver = None
+    if torch.cuda.is_available():
+        with contextlib.suppress(Exception):
+            driver = (
+                str(torch.cuda.driver_version()) if hasattr(torch.cuda, "driver_version") else None
+            )
+    return {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cutlass_dsl": cutlass,
+        "driver": driver,
+        "opcontract": opcontract.__version__,
+    }
+
+
+def device_key(device: DeviceInfo) -> tuple[str, list[int] | None]:
+    return (
+        device.name or device.type,
+        list(device.capability) if device.capability is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: dict[str, Any]
+    config: dict[str, Any]
+    contract_sha256: str
+    stamp: dict[str, Any]
+    median_ms: float | None
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.source}: {self.key}"
+
+
+class TuningDB:
+    """Tables from ``paths`` (files, or folders of *.json), later paths taking precedence."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.entries: list[Entry] = []
+        for p in paths:
+            files = sorted(p.glob("*.json")) if p.is_dir() else [p] if p.exists() else []
+            for f in files:
+                self.entries.extend(self._load(f))
+
+    @staticmethod
+    def _load(path: Path) -> list[Entry]:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+            return [
+                Entry(
+                    {k: e[k] for k in KEY_FIELDS},
+                    dict(e["config"]),
+                    e["contract_sha256"],
+                    dict(e["stamp"]),
+                    e.get("median_ms"),
+                    str(path),
+                )
+                for e in data["entries"]
+            ]
+        except Exception as exc:
+            _warn_once(f"opcontract: ignoring tuning table {path}: {exc}")
+            return []
+
+    def lookup(
+        self,
+        device: DeviceInfo,
+        op: str,
+        implementation: str,
+        dtype: str,
+        bucket: int,
+        contract_sha256: str,
+    ) -> Entry | None:
+        gpu, cap = device_key(device)
+        key = dict(
+            gpu=gpu,
+            capability=cap,
+            op=op,
+            implementation=implementation,
+            dtype=dtype,
+            bucket=bucket,
+        )
+        now = stamp()
+        for e in reversed(self.entries):
+            if e.key != key:
+                continue
+            if e.contract_sha256 != contract_sha256:
+                _warn_once(
+                    f"opcontract: tuning entry {e.describe()} is for another version of "
+                    f"the {op} contract; using the default config"
+                )
+                return None
+            stale = {
+                k: (e.stamp.get(k), v)
+                for k, v in now.items()
+                if k != "driver" and e.stamp.get(k) != v
+            }
+            if stale:
+                _warn_once(
+                    f"opcontract: tuning entry {e.describe()} was made with other "
+                    f"versions {stale}; using the default config"
+                )
+                return None
+            return e
+        return None
+
+
+def make_entry(
+    device: DeviceInfo,
+    op: str,
+    implementation: str,
+    dtype: str,
+    bucket: int,
+    config: dict,
+    contract_sha256: str,
+    median_ms: float | None,
+) -> dict[str, Any]:
+    gpu, cap = device_key(device)
+    return dict(
+        gpu=gpu,
+        capability=cap,
+        op=op,
+        implementation=implementation,
+        dtype=dtype,
+        bucket=bucket,
+        config=config,
+        contract_sha256=contract_sha256,
+        stamp=stamp(),
+        median_ms=median_ms,
+    )
+
+
+def write_entry(path: str | Path, entry: dict[str, Any]) -> None:
+    """Add or replace ``entry`` in the table at ``path``: atomic, under an exclusive lock."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_suffix(path.suffix + ".lock")
+    with open(lock, "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        data = {"format": FORMAT, "entries": []}
+        if path.exists():
+            data = json.loads(path.read_text())
+        key = {k: entry[k] for k in KEY_FIELDS}
+        data["entries"] = [e for e in data["entries"] if {k: e[k] for k in KEY_FIELDS} != key] + [
+            entry
+        ]
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+
+
+def table_paths() -> list[Path]:
+    paths = [PACKAGE_TABLES]
+    paths += [Path(p) for p in os.environ.get(ENV, "").split(os.pathsep) if p]
+    return paths
+
+
+@functools.cache
+def _db(paths: tuple[Path, ...]) -> TuningDB:
+    return TuningDB(list(paths))
+
+
+def default_db() -> TuningDB:
+    """The shipped tables and those on OPCONTRACT_TUNING_PATH (re-read when it changes)."""
+    return _db(tuple(table_paths()))
+
+
+def reload() -> None:
+    _db.cache_clear()

@@ -1,0 +1,82 @@
+"""Bitwise verification of a candidate config against the canonical config.
+
+A candidate passes only if every output (and, for ops with gradients, every gradient) is
+``torch.equal`` to the canonical config's on fresh random inputs. A failing candidate names
+the parameters whose change alone moved the bits: those are order-determining.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from opcontract.backends.registry import CallInfo, Implementation
+from opcontract.conformance.checks import _grads, named_outputs, with_optional_outputs
+from opcontract.conformance.inputs import make_inputs
+from opcontract.contracts.schema import ConformanceCase, Contract
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    moved: tuple[str, ...] = field(default_factory=tuple)  # params that alone moved bits
+    detail: str = ""
+
+
+def _bits(
+    impl: Implementation, contract: Contract, inputs: dict, params: dict, config: dict
+) -> list[torch.Tensor]:
+    def run(**kw):
+        return impl.run(config, **kw)
+
+    outs = list(named_outputs(contract, run(**inputs, **params)).values())
+    if contract.grads:
+        outs += list(_grads(run, contract, inputs, params, 11).values())
+    return outs
+
+
+def verify_config(
+    impl: Implementation,
+    contract: Contract,
+    dtype: str,
+    sizes: dict[str, int],
+    config: dict,
+    *,
+    device: str = "cpu",
+    params: dict | None = None,
+    seed: int = 0,
+) -> Verdict:
+    """Compare ``config`` with the canonical config bitwise, forward and backward."""
+    case = contract.conformance.cases[0]
+    case = ConformanceCase(
+        sizes={**case.sizes, **sizes}, params={**case.params, **(params or {})}, std=case.std
+    )
+    inputs, p = make_inputs(contract, case, dtype, seed=seed, device=device)
+    p = with_optional_outputs(contract, p)
+    call = CallInfo(_device_info(device), dtype, case.sizes, p)
+    canonical = impl.default_config(call)
+    want = _bits(impl, contract, inputs, p, canonical)
+    got = _bits(impl, contract, inputs, p, {**canonical, **config})
+    if all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
+        return Verdict(True)
+    moved = []
+    for key, value in config.items():
+        if canonical.get(key) == value:
+            continue
+        alone = _bits(impl, contract, inputs, p, {**canonical, key: value})
+        if not all(torch.equal(a, b) for a, b in zip(want, alone, strict=True)):
+            moved.append(key)
+    return Verdict(
+        False,
+        tuple(moved),
+        f"bits differ from the canonical config; moved by {moved or 'the combination'}",
+    )
+
+
+def _device_info(device: str):
+    import torch as _t
+
+    from opcontract.dispatch.device import device_of
+
+    return device_of(_t.empty(0, device=device))

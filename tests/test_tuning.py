@@ -1,0 +1,138 @@
+"""The tuner's verification, the tuning database, and dispatch reading it (CPU)."""
+
+import dataclasses
+import json
+import multiprocessing
+import warnings
+
+import pytest
+import torch
+from helpers import head_inputs
+
+from opcontract import dispatch
+from opcontract.backends.registry import implementation
+from opcontract.contracts import get_contract
+from opcontract.dispatch.device import DeviceInfo
+from opcontract.tuning import TuningDB, bucket_of, search_space, verify_config
+from opcontract.tuning.db import make_entry, write_entry
+
+CPU = DeviceInfo("cpu")
+
+
+def test_bucket_of():
+    assert [bucket_of(n) for n in (0, 1, 2, 3, 64, 65, 8192)] == [0, 1, 2, 4, 64, 128, 8192]
+
+
+def test_space_is_the_declared_config_space_only():
+    space = search_space(implementation("triton.fused"))
+    assert "schedule" in space and "block_t" in space
+    assert not {"block_v", "block_k", "promote"} & set(space)  # pinned by the contract
+
+
+def test_schedules_verify_bitwise_under_the_interpreter():
+    impl = implementation("triton.fused")
+    c = get_contract("softcap_logprob")
+    verdict = verify_config(
+        impl, c, "bfloat16", {"T": 9, "H": 64, "V": 300}, {"schedule": "tiles", "group_t": 1}
+    )
+    assert verdict.ok, verdict.detail
+
+
+def test_a_config_that_moves_bits_is_rejected_and_named():
+    impl = implementation("torch.strict")
+
+    def run(config, **kw):  # "split" 2 perturbs the result: an order-determining parameter
+        out = impl.run({}, **kw)
+        return out._replace(logprob=out.logprob * (1 + 1e-6 * (config.get("split", 1) - 1)))
+
+    fake = dataclasses.replace(
+        impl,
+        name="torch.fake_split",
+        run=run,
+        config_space={"split": (1, 2), "tile": (8, 16)},
+        default_config=lambda call: {"split": 1, "tile": 8},
+    )
+    c = get_contract("softcap_logprob")
+    sizes = {"T": 4, "H": 32, "V": 200}
+    assert verify_config(fake, c, "float32", sizes, {"tile": 16}).ok
+    verdict = verify_config(fake, c, "float32", sizes, {"tile": 16, "split": 2})
+    assert not verdict.ok and verdict.moved == ("split",)
+
+
+def _entry(**kw):
+    c = get_contract("softcap_logprob")
+    base = dict(
+        device=CPU,
+        op="softcap_logprob",
+        implementation="triton.fused",
+        dtype="float32",
+        bucket=8,
+        config={"group_t": 4},
+        contract_sha256=c.sha256,
+        median_ms=1.0,
+    )
+    base.update(kw)
+    return make_entry(**base)
+
+
+def test_table_round_trip_and_mismatches(tmp_path):
+    c = get_contract("softcap_logprob")
+    table = tmp_path / "t.json"
+    write_entry(table, _entry())
+    write_entry(table, _entry(config={"group_t": 16}))  # replaces the same key
+    db = TuningDB([table])
+    e = db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", 8, c.sha256)
+    assert e.config == {"group_t": 16} and len(db.entries) == 1
+    assert db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", 16, c.sha256) is None
+    with pytest.warns(UserWarning, match="another version of the softcap_logprob contract"):
+        assert db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", 8, "0" * 64) is None
+    stale = _entry()
+    stale["stamp"]["torch"] = "0.0.1"
+    write_entry(tmp_path / "stale.json", stale)
+    with pytest.warns(UserWarning, match="other versions"):
+        assert (
+            TuningDB([tmp_path / "stale.json"]).lookup(
+                CPU, "softcap_logprob", "triton.fused", "float32", 8, c.sha256
+            )
+            is None
+        )
+
+
+def test_corrupt_table_is_ignored_with_a_warning(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring tuning table"):
+        assert TuningDB([tmp_path]).entries == []
+
+
+def _writer(path, start):
+    for b in range(start, start + 15):
+        write_entry(path, _entry(bucket=b))
+
+
+def test_concurrent_writers_keep_every_entry(tmp_path):
+    table = tmp_path / "shared.json"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(table, s)) for s in (0, 100)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    data = json.loads(table.read_text())
+    assert sorted(e["bucket"] for e in data["entries"]) == [*range(15), *range(100, 115)]
+
+
+def test_dispatch_reads_the_table(tmp_path, monkeypatch):
+    table = tmp_path / "mine.json"
+    write_entry(table, _entry(bucket=8, config={"group_t": 1, "schedule": "tiles"}))
+    monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
+    h, w, t = head_inputs(T=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = dispatch.explain("softcap_logprob", h, w, t, backend="triton")
+    assert r.config["schedule"] == "tiles" and r.config["group_t"] == 1
+    assert r.tuning_entry.startswith(str(table))
+    out = dispatch.op("softcap_logprob", backend="triton")(h, w, t)
+    assert dispatch.last_provenance().tuning_entry == r.tuning_entry
+    monkeypatch.delenv("OPCONTRACT_TUNING_PATH")
+    assert torch.equal(dispatch.op("softcap_logprob", backend="triton")(h, w, t), out)
+    assert dispatch.last_provenance().tuning_entry is None
