@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from opcontract.contracts import get_contract
 from opcontract.dispatch.device import simulate
 from opcontract.dispatch.provenance import Provenance, last_provenance, record
@@ -86,6 +88,14 @@ def explain(
     return _report(name, mode, select(contract, bound, backend, mode))
 
 
+@torch.compiler.disable
+def _host_side(c, args, kwargs, backend, mode):
+    """Validation and selection: host logic torch.compile runs eagerly (a graph break),
+    so the compiled graph holds only the op itself."""
+    bound = bind(c, args, kwargs)
+    return bound, select(c, bound, backend, mode)
+
+
 class OpFunction:
     """A contract-checked callable for one op. Built by :func:`op`."""
 
@@ -98,8 +108,7 @@ class OpFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         c = self.contract
-        bound = bind(c, args, kwargs)
-        sel = select(c, bound, self.backend, self.mode)
+        bound, sel = _host_side(c, args, kwargs, self.backend, self.mode)
         if sel.selected is None:
             raise NoBackendError(self.name, sel.rejected, requested=self.backend)
         impl = sel.selected

@@ -43,8 +43,17 @@ def bucket_of(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
+@functools.cache
+def _stamp() -> tuple[tuple[str, str | None], ...]:
+    return tuple(_read_stamp().items())
+
+
 def stamp() -> dict[str, str | None]:
-    """Versions an entry is valid for."""
+    """Versions an entry is valid for (read once per process)."""
+    return dict(_stamp())
+
+
+def _read_stamp() -> dict[str, str | None]:
     try:
         import triton
 
