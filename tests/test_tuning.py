@@ -136,3 +136,124 @@ def test_dispatch_reads_the_table(tmp_path, monkeypatch):
     monkeypatch.delenv("OPCONTRACT_TUNING_PATH")
     assert torch.equal(dispatch.op("softcap_logprob", backend="triton")(h, w, t), out)
     assert dispatch.last_provenance().tuning_entry is None
+
+
+TINY_SWEEP = """
+name: tiny
+dtypes: [float32]
+ops:
+  - op: softcap_logprob
+    implementation: triton.fused
+    sizes: {H: 32, V: 300}
+    params: {softcap: 20.0}
+    batch: [4]
+"""
+
+
+def test_sweep_writes_a_verified_table_that_dispatch_uses(tmp_path, monkeypatch, capsys):
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text(TINY_SWEEP)
+    table = tmp_path / "tuned.json"
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    assert (
+        main(
+            [
+                "sweep",
+                str(sweep),
+                "--table",
+                str(table),
+                "--trials",
+                "3",
+                "--storage",
+                storage,
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    assert "softcap_logprob" in capsys.readouterr().out
+    entry = json.loads(table.read_text())["entries"][0]
+    assert entry["bucket"] == 4 and entry["implementation"] == "triton.fused"
+    # resumable: the same storage continues the study
+    assert (
+        main(
+            [
+                "sweep",
+                str(sweep),
+                "--table",
+                str(table),
+                "--trials",
+                "3",
+                "--storage",
+                storage,
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    assert main(["show", "--table", str(table)]) == 0
+    assert "triton.fused float32 bucket 4" in capsys.readouterr().out
+    assert main(["verify", "--table", str(table), "--device", "cpu"]) == 0
+    assert "verified 1 of 1 entries" in capsys.readouterr().out
+    monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
+    h, w, t = head_inputs(T=3, H=32, V=300)
+    r = dispatch.explain("softcap_logprob", h, w, t, softcap=20.0, backend="triton")
+    assert r.tuning_entry and r.config == {**r.config, **entry["config"]}
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        (TINY_SWEEP.replace("name: tiny", "name: tiny\ncolour: red"), "Extra inputs"),
+        (TINY_SWEEP.replace("op: softcap_logprob", "op: nope"), "no contract for op 'nope'"),
+        (TINY_SWEEP.replace("triton.fused", "torch.nope"), "no implementation 'torch.nope'"),
+        (TINY_SWEEP.replace("{H: 32, V: 300}", "{H: 32}"), "no size for ['V']"),
+    ],
+)
+def test_bad_sweep_files_exit_1(tmp_path, capsys, text, needle):
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "bad.yaml"
+    sweep.write_text(text)
+    table = tmp_path / "t.json"
+    assert main(["sweep", str(sweep), "--table", str(table), "--no-progress"]) == 1
+    assert needle in capsys.readouterr().err
+    assert not table.exists()
+
+
+def test_unwritable_storage_exits_1_before_any_work(tmp_path, capsys):
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text(TINY_SWEEP)
+    assert (
+        main(
+            [
+                "sweep",
+                str(sweep),
+                "--table",
+                str(tmp_path / "t.json"),
+                "--storage",
+                "sqlite:////proc/nope/study.db",
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
+    assert "can't be written" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_shipped_sweeps_load():
+    from pathlib import Path
+
+    from opcontract.tuning.sweep import load_sweep
+
+    for path in (Path(__file__).parent.parent / "opcontract/tuning/sweeps").glob("*.yaml"):
+        assert load_sweep(path).ops

@@ -27,6 +27,9 @@ from opcontract.backends.registry import DeviceInfo
 
 FORMAT = 1
 PACKAGE_TABLES = Path(__file__).parent / "tables"
+USER_TABLES = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opcontract" / "tuning"
+)
 ENV = "OPCONTRACT_TUNING_PATH"
 KEY_FIELDS = ("gpu", "capability", "op", "implementation", "dtype", "bucket")
 _warned: set[str] = set()
@@ -222,7 +225,8 @@ def write_entry(path: str | Path, entry: dict[str, Any]) -> None:
 
 
 def table_paths() -> list[Path]:
-    paths = [PACKAGE_TABLES]
+    """Shipped tables, then the user's (~/.cache/opcontract/tuning), then OPCONTRACT_TUNING_PATH."""
+    paths = [PACKAGE_TABLES, USER_TABLES]
     paths += [Path(p) for p in os.environ.get(ENV, "").split(os.pathsep) if p]
     return paths
 

@@ -36,6 +36,59 @@ def _bits(
     return outs
 
 
+@dataclass
+class Probe:
+    """Fresh inputs for one call shape and the canonical config's bits on them."""
+
+    impl: Implementation
+    contract: Contract
+    inputs: dict
+    params: dict
+    canonical: dict
+    bits: list
+
+
+def prepare(
+    impl: Implementation,
+    contract: Contract,
+    dtype: str,
+    sizes: dict[str, int],
+    *,
+    device: str = "cpu",
+    params: dict | None = None,
+    seed: int = 0,
+) -> Probe:
+    case = contract.conformance.cases[0]
+    case = ConformanceCase(
+        sizes={**case.sizes, **sizes}, params={**case.params, **(params or {})}, std=case.std
+    )
+    inputs, p = make_inputs(contract, case, dtype, seed=seed, device=device)
+    p = with_optional_outputs(contract, p)
+    canonical = impl.default_config(CallInfo(_device_info(device), dtype, case.sizes, p))
+    return Probe(impl, contract, inputs, p, canonical, _bits(impl, contract, inputs, p, canonical))
+
+
+def check(probe: Probe, config: dict) -> Verdict:
+    """Bitwise comparison of ``config`` with the canonical config, forward and backward."""
+
+    def same(cfg):
+        got = _bits(probe.impl, probe.contract, probe.inputs, probe.params, cfg)
+        return all(torch.equal(a, b) for a, b in zip(probe.bits, got, strict=True))
+
+    if same({**probe.canonical, **config}):
+        return Verdict(True)
+    moved = [
+        k
+        for k, v in config.items()
+        if probe.canonical.get(k) != v and not same({**probe.canonical, k: v})
+    ]
+    return Verdict(
+        False,
+        tuple(moved),
+        f"bits differ from the canonical config; moved by {moved or 'the combination'}",
+    )
+
+
 def verify_config(
     impl: Implementation,
     contract: Contract,
@@ -48,29 +101,8 @@ def verify_config(
     seed: int = 0,
 ) -> Verdict:
     """Compare ``config`` with the canonical config bitwise, forward and backward."""
-    case = contract.conformance.cases[0]
-    case = ConformanceCase(
-        sizes={**case.sizes, **sizes}, params={**case.params, **(params or {})}, std=case.std
-    )
-    inputs, p = make_inputs(contract, case, dtype, seed=seed, device=device)
-    p = with_optional_outputs(contract, p)
-    call = CallInfo(_device_info(device), dtype, case.sizes, p)
-    canonical = impl.default_config(call)
-    want = _bits(impl, contract, inputs, p, canonical)
-    got = _bits(impl, contract, inputs, p, {**canonical, **config})
-    if all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
-        return Verdict(True)
-    moved = []
-    for key, value in config.items():
-        if canonical.get(key) == value:
-            continue
-        alone = _bits(impl, contract, inputs, p, {**canonical, key: value})
-        if not all(torch.equal(a, b) for a, b in zip(want, alone, strict=True)):
-            moved.append(key)
-    return Verdict(
-        False,
-        tuple(moved),
-        f"bits differ from the canonical config; moved by {moved or 'the combination'}",
+    return check(
+        prepare(impl, contract, dtype, sizes, device=device, params=params, seed=seed), config
     )
 
 

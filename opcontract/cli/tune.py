@@ -1,0 +1,129 @@
+"""opcontract-tune: offline tuning that cannot change numerics.
+
+    opcontract-tune sweep SWEEP.yaml --table TABLE.json [--trials N] [--timeout S] [--storage URL]
+    opcontract-tune show [--table TABLE.json]
+    opcontract-tune verify [--table TABLE.json]
+
+Exit 0 on success, 1 with a message on a bad sweep file, an unwritable storage or table,
+or an entry that no longer verifies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from opcontract.tuning.db import USER_TABLES, TuningDB, table_paths
+
+
+def _sweep(args) -> int:
+    from opcontract.tuning.sweep import SweepError, load_sweep, run_sweep
+
+    try:
+        sweep = load_sweep(args.sweep)
+        results = run_sweep(
+            sweep,
+            args.table,
+            storage=args.storage,
+            trials=args.trials,
+            timeout=args.timeout,
+            device=args.device,
+            progress=not args.no_progress,
+        )
+    except (SweepError, OSError) as e:
+        print(f"opcontract-tune: {e}", file=sys.stderr)
+        return 1
+    for r in results:
+        moved = sorted({k for _, ks in r.rejected for k in ks})
+        speed = (
+            f"{r.best_ms:.4g} ms vs default {r.default_ms:.4g} ms"
+            if r.best
+            else "no verified config"
+        )
+        print(
+            f"{r.op:22s} {r.implementation:16s} {r.dtype:9s} batch {r.bucket:6d}: {speed}; "
+            f"best {r.best}; {len(r.rejected)} rejected"
+            + (f" (moved bits: {moved})" if moved else "")
+        )
+    return 0
+
+
+def _db(args) -> TuningDB:
+    return TuningDB([Path(args.table)] if args.table else table_paths())
+
+
+def _show(args) -> int:
+    db = _db(args)
+    if not db.entries:
+        print("no tuning entries")
+    for e in db.entries:
+        k = e.key
+        ms = f"{e.median_ms:.4g} ms" if e.median_ms is not None else "-"
+        print(
+            f"{k['gpu']} {k['capability']} {k['op']} {k['implementation']} {k['dtype']} "
+            f"bucket {k['bucket']}: {e.config} ({ms}; torch {e.stamp.get('torch')}, "
+            f"triton {e.stamp.get('triton')}; {e.source})"
+        )
+    return 0
+
+
+def _verify(args) -> int:
+    from opcontract.backends.registry import implementation
+    from opcontract.contracts import get_contract
+    from opcontract.tuning.db import device_key
+    from opcontract.tuning.verify import _device_info, verify_config
+
+    device = args.device or ("cuda" if _cuda() else "cpu")
+    here = device_key(_device_info(device))
+    bad = checked = 0
+    for e in _db(args).entries:
+        k = e.key
+        if (k["gpu"], k["capability"]) != here:
+            continue
+        c = get_contract(k["op"])
+        sizes = {**c.conformance.cases[0].sizes, c.conformance.batch_dim: k["bucket"]}
+        verdict = verify_config(
+            implementation(k["implementation"]), c, k["dtype"], sizes, e.config, device=device
+        )
+        checked += 1
+        if not verdict.ok or e.contract_sha256 != c.sha256:
+            bad += 1
+            why = verdict.detail or "contract changed since tuning"
+            print(f"FAIL {e.describe()}: {why}")
+    print(f"verified {checked - bad} of {checked} entries for {here[0]}")
+    return 1 if bad else 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="opcontract-tune", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sw = sub.add_parser("sweep", help="run a sweep file")
+    sw.add_argument("sweep")
+    sw.add_argument(
+        "--table",
+        default=str(USER_TABLES / "tuned.json"),
+        help="table to write (default: the user table dispatch reads)",
+    )
+    sw.add_argument("--trials", type=int, default=20)
+    sw.add_argument("--timeout", type=float, default=None, help="seconds per study")
+    sw.add_argument("--storage", default=None, help="sqlite:///FILE or a journal file path")
+    sw.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    sw.add_argument("--no-progress", action="store_true")
+    for name in ("show", "verify"):
+        p = sub.add_parser(name)
+        p.add_argument("--table", default=None)
+        if name == "verify":
+            p.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    args = ap.parse_args(argv)
+    return {"sweep": _sweep, "show": _show, "verify": _verify}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Sweep files (YAML) and the Optuna studies that run them.
+
+Each (op, implementation, dtype, batch bucket) is one study. A candidate config is first
+checked bitwise against the canonical config on fresh inputs (forward and backward); a
+mismatch is recorded with the parameters that moved the bits and never timed. Survivors are
+timed (median of CUDA events after warm-up; wall clock on the CPU). The fastest verified
+config is written to the table once its study ends.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from opcontract.backends.registry import implementation
+from opcontract.contracts import get_contract
+from opcontract.tuning.db import make_entry, write_entry
+from opcontract.tuning.space import search_space
+from opcontract.tuning.verify import Probe, _device_info, check, prepare
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SweepOp(_Strict):
+    op: str
+    implementation: str
+    sizes: dict[str, int] = Field(description="every shape symbol but the batch one")
+    params: dict[str, Any] = Field(default_factory=dict)
+    batch: list[int] = Field(description="values of the contract's batch symbol to tune")
+
+
+class Sweep(_Strict):
+    name: str
+    dtypes: list[str]
+    ops: list[SweepOp]
+
+
+class SweepError(ValueError):
+    """A sweep file that can't be run, with the reason."""
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    try:
+        sweep = Sweep.model_validate(yaml.safe_load(Path(path).read_text()))
+    except (OSError, yaml.YAMLError, ValidationError) as e:
+        raise SweepError(f"{path}: {e}") from None
+    for i, item in enumerate(sweep.ops):
+        try:
+            c = get_contract(item.op)
+            impl = implementation(item.implementation)
+        except KeyError as e:
+            raise SweepError(f"{path}: ops[{i}]: {e.args[0]}") from None
+        if impl.op != item.op:
+            raise SweepError(f"{path}: ops[{i}]: {impl.name} implements {impl.op}, not {item.op}")
+        missing = c.symbols() - set(item.sizes) - {c.conformance.batch_dim}
+        if missing:
+            raise SweepError(f"{path}: ops[{i}]: no size for {sorted(missing)}")
+        unknown = set(item.params) - set(c.params)
+        if unknown:
+            raise SweepError(f"{path}: ops[{i}]: unknown params {sorted(unknown)}")
+        for dt in sweep.dtypes:
+            if dt not in impl.dtypes:
+                raise SweepError(f"{path}: {impl.name} does not serve {dt}")
+    return sweep
+
+
+def check_storage(storage: str | None) -> None:
+    """Fail before any work if an Optuna storage path can't be written."""
+    if not storage:
+        return
+    path = (
+        Path(storage.removeprefix("sqlite:///"))
+        if storage.startswith("sqlite:///")
+        else Path(storage)
+    )
+    parent = path.parent if str(path.parent) else Path(".")
+    probe = parent / f".opcontract-write-test-{time.time_ns()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SweepError(f"storage {storage!r} can't be written: {e.strerror}") from None
+
+
+def _storage(storage: str | None):
+    if storage is None or storage.startswith(("sqlite:", "postgresql:", "mysql:")):
+        return storage
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(storage))  # several GPUs can share one journal
+
+
+def time_ms(fn, device: str) -> float:
+    """Median time of ``fn`` in milliseconds."""
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    fn()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+@dataclass
+class StudyResult:
+    op: str
+    implementation: str
+    dtype: str
+    bucket: int
+    best: dict | None
+    best_ms: float | None
+    default_ms: float | None
+    rejected: list[tuple[dict, tuple[str, ...]]]
+    trials: int
+
+
+def tune(
+    probe: Probe, *, name: str, storage: str | None, trials: int, timeout: float | None, device: str
+) -> tuple[dict | None, float | None, list]:
+    """One Optuna study over the implementation's space; (best config, ms, rejected)."""
+    import optuna
+
+    space = search_space(probe.impl)
+    size = math.prod(len(v) for v in space.values())
+    sampler = (
+        optuna.samplers.GridSampler({k: list(v) for k, v in space.items()}, seed=0)
+        if size <= trials
+        else optuna.samplers.TPESampler(seed=0)
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=name,
+        storage=_storage(storage),
+        sampler=sampler,
+        direction="minimize",
+        load_if_exists=True,
+    )
+    rejected: list = []
+
+    def objective(trial):
+        cfg = {k: trial.suggest_categorical(k, list(v)) for k, v in space.items()}
+        verdict = check(probe, cfg)
+        if not verdict.ok:  # moved bits: recorded, never timed
+            trial.set_user_attr("moved", list(verdict.moved))
+            rejected.append((cfg, verdict.moved))
+            raise optuna.TrialPruned()
+        full = {**probe.canonical, **cfg}
+        return time_ms(lambda: probe.impl.run(full, **probe.inputs, **probe.params), device)
+
+    study.optimize(objective, n_trials=min(trials, size), timeout=timeout)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not done:
+        return None, None, rejected
+    best = min(done, key=lambda t: t.value)
+    return dict(best.params), best.value, rejected
+
+
+def run_sweep(
+    sweep: Sweep,
+    table: str | Path,
+    *,
+    storage: str | None = None,
+    trials: int = 20,
+    timeout: float | None = None,
+    device: str | None = None,
+    progress: bool = True,
+) -> list[StudyResult]:
+    """Run every study of the sweep; each best verified config goes into ``table``."""
+    from tqdm import tqdm
+
+    check_storage(storage)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tasks = [(item, dt, b) for item in sweep.ops for dt in sweep.dtypes for b in item.batch]
+    results = []
+    for item, dt, b in tqdm(tasks, desc=f"tuning {sweep.name}", disable=not progress):
+        c = get_contract(item.op)
+        impl = implementation(item.implementation)
+        sizes = {**item.sizes, c.conformance.batch_dim: b}
+        probe = prepare(impl, c, dt, sizes, device=device, params=item.params)
+        name = f"{sweep.name}/{item.op}/{impl.name}/{dt}/{b}"
+        best, best_ms, rejected = tune(
+            probe, name=name, storage=storage, trials=trials, timeout=timeout, device=device
+        )
+        default_ms = time_ms(
+            lambda probe=probe: probe.impl.run(probe.canonical, **probe.inputs, **probe.params),
+            device,
+        )
+        if best is not None:
+            from opcontract.tuning.db import bucket_of
+
+            write_entry(
+                table,
+                make_entry(
+                    _device_info(device),
+                    item.op,
+                    impl.name,
+                    dt,
+                    bucket_of(b),
+                    best,
+                    c.sha256,
+                    best_ms,
+                ),
+            )
+        results.append(
+            StudyResult(item.op, impl.name, dt, b, best, best_ms, default_ms, rejected, trials)
+        )
+    return results
