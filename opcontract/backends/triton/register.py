@@ -15,6 +15,18 @@ def _plan(**kw) -> ReductionPlan:
     return ReductionPlan(accumulate="float32", **kw)
 
 
+# What every Triton implementation shares: where it runs and why it may not.
+_TRITON = dict(
+    backend="triton",
+    devices=("cuda", "cpu"),
+    capability=((8, 0), (12, 1)),
+    dtypes=("bfloat16", "float16", "float32"),
+    invariances=("run_to_run", "batch"),
+    available=missing_library,
+    device_check=device_reason,
+    priority={"cuda": 20, "cpu": 5},
+)
+
 # The LM head's reductions, shared by softcap_logprob and linear_cross_entropy.
 _HEAD_PLAN = {
     "gemm_k": _plan(block=slp.GEMM_K_BLOCK),
@@ -26,22 +38,15 @@ _HEAD_PLAN = {
     "grad_weight_t": _plan(block=slp.GEMM_K_BLOCK),
 }
 _HEAD = dict(
-    devices=("cuda", "cpu"),
-    capability=((8, 0), (12, 1)),
-    dtypes=("bfloat16", "float16", "float32"),
-    invariances=("run_to_run", "batch"),
+    _TRITON,
     grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
     features=("approx_transcendentals",),
     config_space=slp.CONFIG_SPACE,
     default_config=lambda call: slp.default_config(call.dtype, call.sizes.get("T")),
-    available=missing_library,
-    device_check=device_reason,
-    priority={"cuda": 20, "cpu": 5},
 )
 
 register(
     op="softcap_logprob",
-    backend="triton",
     name="triton.fused",
     run=lambda config, **kw: slp.softcap_logprob_forward(**kw, config=config),
     plan={
@@ -54,7 +59,6 @@ register(
 
 register(
     op="linear_cross_entropy",
-    backend="triton",
     name="triton.fused_ce",
     run=lambda config, **kw: lce.fused(**kw, config=config),
     plan={
@@ -67,23 +71,16 @@ register(
 )
 
 _NORM = dict(
-    devices=("cuda", "cpu"),
-    capability=((8, 0), (12, 1)),
-    dtypes=("bfloat16", "float16", "float32"),
+    _TRITON,
     plan={
         "row_square": _plan(block=1, order="tree"),
         "row_dot": _plan(block=1, order="tree"),
         "dweight_t": _plan(block=64, split="fixed_blocks"),
     },
-    invariances=("run_to_run", "batch"),
-    available=missing_library,
-    device_check=device_reason,
-    priority={"cuda": 20, "cpu": 5},
 )
 _NORM_GRADS = {"x": ("run_to_run", "batch"), "weight": ("run_to_run",)}
 register(
     op="rms_norm",
-    backend="triton",
     name="triton.norm",
     run=lambda config, **kw: norm_op.rms_norm("triton", **kw),
     grad_invariances=_NORM_GRADS,
@@ -92,7 +89,6 @@ register(
 )
 register(
     op="fused_add_rms_norm",
-    backend="triton",
     name="triton.add_norm",
     run=lambda config, **kw: norm_op.fused_add_rms_norm("triton", **kw),
     grad_invariances={**_NORM_GRADS, "residual": ("run_to_run", "batch")},
@@ -102,65 +98,44 @@ register(
 
 register(
     op="swiglu",
-    backend="triton",
     name="triton.swiglu",
     run=lambda config, **kw: swiglu_op.swiglu("triton", **kw),
-    devices=("cuda", "cpu"),
-    capability=((8, 0), (12, 1)),
-    dtypes=("bfloat16", "float16", "float32"),
     plan={},
-    invariances=("run_to_run", "batch"),
     grad_invariances={"gate": ("run_to_run", "batch"), "up": ("run_to_run", "batch")},
     features=("approx_transcendentals",),
-    available=missing_library,
-    device_check=device_reason,
-    priority={"cuda": 20, "cpu": 5},
     summary="elementwise, float32 inside, one cast per output",
+    **_TRITON,
 )
 
 register(
     op="normalized_embedding",
-    backend="triton",
     name="triton.embedding",
     run=lambda config, **kw: norm_op.normalized_embedding("triton", **kw),
-    devices=("cuda", "cpu"),
-    capability=((8, 0), (12, 1)),
-    dtypes=("bfloat16", "float16", "float32"),
     plan={
         "row_square": _plan(block=1, order="tree"),
         "row_dot": _plan(block=1, order="tree"),
         "dtable_t": _plan(block=1),
     },
-    invariances=("run_to_run", "batch"),
     grad_invariances={"table": ("run_to_run",)},
-    available=missing_library,
-    device_check=device_reason,
-    priority={"cuda": 20, "cpu": 5},
     summary="fused gather + norm; table gradient per row over stably sorted tokens",
+    **_TRITON,
 )
 
 register(
     op="dense_gemm",
-    backend="triton",
     name="triton.gemm",
     run=lambda config, **kw: gemm_op.dense_gemm("triton", **kw),
-    devices=("cuda", "cpu"),
-    capability=((8, 0), (12, 1)),
-    dtypes=("bfloat16", "float16", "float32"),
     plan={
         "gemm_k": _plan(block=dg.K_BLOCK),
         "grad_x_n": _plan(block=dg.K_BLOCK),
         "grad_weight_m": _plan(block=dg.K_BLOCK),
         "grad_bias_m": _plan(block=1, order="pairwise"),
     },
-    invariances=("run_to_run", "batch"),
     grad_invariances={
         "x": ("run_to_run", "batch"),
         "weight": ("run_to_run",),
         "bias": ("run_to_run",),
     },
-    available=missing_library,
-    device_check=device_reason,
-    priority={"cuda": 20, "cpu": 5},
     summary="tiled GEMM, K in 256-element promoted partials, no split-K, bias in float32",
+    **_TRITON,
 )
