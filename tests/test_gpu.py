@@ -12,15 +12,14 @@ from opcontract.contracts import load_all
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize(
-    "op,name",
-    [
-        ("softcap_logprob", "triton.fused"),
-        ("linear_cross_entropy", "triton.fused_ce"),
-    ],
-)
+def _triton_impls():
+    return [(i.op, i.name) for i in implementations() if i.backend == "triton"]
+
+
+@pytest.mark.parametrize("op,name", _triton_impls())
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_triton_conformance_on_gpu(op, name, dtype):
+    """Every Triton implementation through the whole kit on the GPU."""
     c = load_all()[op]
     impl = next(i for i in implementations(op) if i.name == name)
     failed = [r for r in run_kit(impl, c, dtype, device="cuda") if not r.ok]
