@@ -66,6 +66,7 @@ def _entry(**kw):
         op="softcap_logprob",
         implementation="triton.fused",
         dtype="float32",
+        shape="H=96,V=600",
         bucket=8,
         config={"group_t": 4},
         contract_sha256=c.sha256,
@@ -81,18 +82,28 @@ def test_table_round_trip_and_mismatches(tmp_path):
     write_entry(table, _entry())
     write_entry(table, _entry(config={"group_t": 16}))  # replaces the same key
     db = TuningDB([table])
-    e = db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", 8, c.sha256)
+    e = db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, c.sha256)
     assert e.config == {"group_t": 16} and len(db.entries) == 1
-    assert db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", 16, c.sha256) is None
+    assert (
+        db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 16, c.sha256)
+        is None
+    )
+    assert (
+        db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=601", 8, c.sha256)
+        is None
+    )
     with pytest.warns(UserWarning, match="another version of the softcap_logprob contract"):
-        assert db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", 8, "0" * 64) is None
+        assert (
+            db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, "0" * 64)
+            is None
+        )
     stale = _entry()
     stale["stamp"]["torch"] = "0.0.1"
     write_entry(tmp_path / "stale.json", stale)
     with pytest.warns(UserWarning, match="other versions"):
         assert (
             TuningDB([tmp_path / "stale.json"]).lookup(
-                CPU, "softcap_logprob", "triton.fused", "float32", 8, c.sha256
+                CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, c.sha256
             )
             is None
         )
@@ -198,9 +209,10 @@ def test_sweep_writes_a_verified_table_that_dispatch_uses(tmp_path, monkeypatch,
         == 0
     )
     assert main(["show", "--table", str(table)]) == 0
-    assert "triton.fused float32 bucket 4" in capsys.readouterr().out
+    assert "triton.fused float32 H=32,V=300 bucket 4" in capsys.readouterr().out
     assert main(["verify", "--table", str(table), "--device", "cpu"]) == 0
     assert "verified 1 of 1 entries" in capsys.readouterr().out
+    entry = json.loads(table.read_text())["entries"][0]  # the resumed study may improve it
     monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
     h, w, t = head_inputs(T=3, H=32, V=300)
     r = dispatch.explain("softcap_logprob", h, w, t, softcap=20.0, backend="triton")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 
-def _backend(name: str):
+def _backend(name: str, config: str):
+    cfg = json.loads(config) if config else None
     if name == "torch":
         from opcontract.backends.torch import dense_gemm as m
 
@@ -13,32 +16,37 @@ def _backend(name: str):
     if name == "triton":
         from opcontract.backends.triton import dense_gemm as m
 
-        return m.forward, m.backward
+        return (lambda *a: m.forward(*a, config=cfg)), (lambda *a: m.backward(*a, config=cfg))
     raise ValueError(f"no dense_gemm backend {name!r}")
 
 
 @torch.library.custom_op("opcontract::dense_gemm", mutates_args=())
 def dense_gemm_op(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str, config: str
 ) -> torch.Tensor:
-    return _backend(backend)[0](x, weight, bias)
+    return _backend(backend, config)[0](x, weight, bias)
 
 
 @dense_gemm_op.register_fake
-def _(x, weight, bias, backend):
+def _(x, weight, bias, backend, config):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 @torch.library.custom_op("opcontract::dense_gemm_backward", mutates_args=())
 def dense_gemm_backward(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, has_bias: bool, backend: str
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    has_bias: bool,
+    backend: str,
+    config: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = _backend(backend)[1](dy, x, weight, has_bias)
+    dx, dw, db = _backend(backend, config)[1](dy, x, weight, has_bias)
     return dx, dw, db if db is not None else weight.new_empty((0,))
 
 
 @dense_gemm_backward.register_fake
-def _(dy, x, weight, has_bias, backend):
+def _(dy, x, weight, has_bias, backend, config):
     return (
         torch.empty_like(x),
         torch.empty_like(weight),
@@ -47,20 +55,22 @@ def _(dy, x, weight, has_bias, backend):
 
 
 def _setup(ctx, inputs, output):
-    x, weight, bias, backend = inputs
+    x, weight, bias, backend, config = inputs
     ctx.save_for_backward(x, weight)
-    ctx.args = (bias is not None, backend)
+    ctx.args = (bias is not None, backend, config)
 
 
 def _backward(ctx, dy):
     x, weight = ctx.saved_tensors
-    has_bias, backend = ctx.args
-    dx, dw, db = dense_gemm_backward(dy, x, weight, has_bias, backend)
-    return dx, dw, (db if has_bias else None), None
+    has_bias, backend, config = ctx.args
+    dx, dw, db = dense_gemm_backward(dy, x, weight, has_bias, backend, config)
+    return dx, dw, (db if has_bias else None), None, None
 
 
 dense_gemm_op.register_autograd(_backward, setup_context=_setup)
 
 
-def dense_gemm(backend: str, x, weight, bias=None):
-    return dense_gemm_op(x, weight, bias, backend)
+def dense_gemm(backend: str, x, weight, bias=None, *, config=None):
+    return dense_gemm_op(
+        x, weight, bias, backend, json.dumps(config, sort_keys=True) if config else ""
+    )

@@ -62,7 +62,8 @@ def _show(args) -> int:
         ms = f"{e.median_ms:.4g} ms" if e.median_ms is not None else "-"
         print(
             f"{k['gpu']} {k['capability']} {k['op']} {k['implementation']} {k['dtype']} "
-            f"bucket {k['bucket']}: {e.config} ({ms}; torch {e.stamp.get('torch')}, "
+            f"{k['shape']} bucket {k['bucket']}: {e.config} ({ms}; "
+            f"torch {e.stamp.get('torch')}, "
             f"triton {e.stamp.get('triton')}; {e.source})"
         )
     return 0
@@ -82,7 +83,8 @@ def _verify(args) -> int:
         if (k["gpu"], k["capability"]) != here:
             continue
         c = get_contract(k["op"])
-        sizes = {**c.conformance.cases[0].sizes, c.conformance.batch_dim: k["bucket"]}
+        fixed = dict(kv.split("=") for kv in k["shape"].split(",") if kv)
+        sizes = {**{s: int(v) for s, v in fixed.items()}, c.conformance.batch_dim: k["bucket"]}
         verdict = verify_config(
             implementation(k["implementation"]), c, k["dtype"], sizes, e.config, device=device
         )

@@ -13,7 +13,7 @@ from opcontract.backends.registry import (
 from opcontract.contracts.schema import Contract
 from opcontract.dispatch.device import device_of
 from opcontract.dispatch.validate import BoundCall
-from opcontract.tuning.db import bucket_of, default_db
+from opcontract.tuning.db import bucket_of, default_db, shape_key
 
 MODES = ("strict", "relaxed")
 
@@ -57,6 +57,7 @@ def select(contract: Contract, bound: BoundCall, backend: str | None, mode: str)
                 contract.op,
                 sel.selected.name,
                 call.dtype,
+                shape_key(call.sizes, contract.conformance.batch_dim),
                 bucket_of(call.sizes.get(contract.conformance.batch_dim, 0)),
                 contract.sha256,
             )

@@ -31,7 +31,7 @@ USER_TABLES = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opcontract" / "tuning"
 )
 ENV = "OPCONTRACT_TUNING_PATH"
-KEY_FIELDS = ("gpu", "capability", "op", "implementation", "dtype", "bucket")
+KEY_FIELDS = ("gpu", "capability", "op", "implementation", "dtype", "shape", "bucket")
 _warned: set[str] = set()
 
 
@@ -39,6 +39,11 @@ def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
         warnings.warn(msg, stacklevel=3)
+
+
+def shape_key(sizes: dict[str, int], batch_dim: str) -> str:
+    """The call's fixed sizes (every symbol but the batch one), e.g. 'H=6656,V=202048'."""
+    return ",".join(f"{k}={v}" for k, v in sorted(sizes.items()) if k != batch_dim)
 
 
 def bucket_of(n: int) -> int:
@@ -141,6 +146,7 @@ class TuningDB:
         op: str,
         implementation: str,
         dtype: str,
+        shape: str,
         bucket: int,
         contract_sha256: str,
     ) -> Entry | None:
@@ -151,6 +157,7 @@ class TuningDB:
             op=op,
             implementation=implementation,
             dtype=dtype,
+            shape=shape,
             bucket=bucket,
         )
         now = stamp()
@@ -183,6 +190,7 @@ def make_entry(
     op: str,
     implementation: str,
     dtype: str,
+    shape: str,
     bucket: int,
     config: dict,
     contract_sha256: str,
@@ -195,6 +203,7 @@ def make_entry(
         op=op,
         implementation=implementation,
         dtype=dtype,
+        shape=shape,
         bucket=bucket,
         config=config,
         contract_sha256=contract_sha256,

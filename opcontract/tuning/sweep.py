@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opcontract.backends.registry import implementation
 from opcontract.contracts import get_contract
-from opcontract.tuning.db import make_entry, write_entry
+from opcontract.tuning.db import bucket_of, make_entry, shape_key, write_entry
 from opcontract.tuning.space import search_space
 from opcontract.tuning.verify import Probe, _device_info, check, prepare
 
@@ -151,6 +151,9 @@ def tune(
         load_if_exists=True,
     )
     rejected: list = []
+    canonical = {k: probe.canonical[k] for k in space if probe.canonical.get(k) in space[k]}
+    if len(canonical) == len(space) and not study.trials:
+        study.enqueue_trial(canonical)  # the default is always a candidate
 
     def objective(trial):
         cfg = {k: trial.suggest_categorical(k, list(v)) for k, v in space.items()}
@@ -201,8 +204,6 @@ def run_sweep(
             device,
         )
         if best is not None:
-            from opcontract.tuning.db import bucket_of
-
             write_entry(
                 table,
                 make_entry(
@@ -210,6 +211,7 @@ def run_sweep(
                     item.op,
                     impl.name,
                     dt,
+                    shape_key(sizes, c.conformance.batch_dim),
                     bucket_of(b),
                     best,
                     c.sha256,

@@ -11,12 +11,25 @@ K_BLOCK = 256  # the contract's gemm_k block: one promoted partial per 256 eleme
 STEP_K = {"bfloat16": 64, "float16": 64, "float32": 32}
 CONFIG = {"block_m": 128, "block_n": 128, "group_m": 8, "num_warps": 8, "num_stages": 3}
 INTERPRETER_CONFIG = {"block_m": 32, "block_n": 64}
+# Tile sizes along M and N, launch order and pipelining: none decides a reduction's order
+# (the tuner verifies that bitwise for every candidate).
+CONFIG_SPACE = {
+    "block_m": (64, 128),
+    "block_n": (64, 128, 256),
+    "group_m": (1, 8),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+}
 
 
-def _gemm(a, b, c, bias, M, N, K, sa, sb):
+def default_config() -> dict:
+    return dict(CONFIG, **(INTERPRETER_CONFIG if interpreting() else {}))
+
+
+def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
     from opcontract.backends.triton.gemm_kernels import _gemm_kernel
 
-    cfg = dict(CONFIG, **(INTERPRETER_CONFIG if interpreting() else {}))
+    cfg = {**default_config(), **(config or {})}
     step = STEP_K[str(a.dtype).removeprefix("torch.")]
     grid = (-(-M // cfg["block_m"]) * -(-N // cfg["block_n"]),)
     _gemm_kernel[grid](
@@ -45,18 +58,18 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb):
     )
 
 
-def forward(x, weight, bias):
+def forward(x, weight, bias, config=None):
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     M, K = x.shape
     N = weight.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M and N:
-        _gemm(x, weight, y, bias, M, N, K, (x.stride(0), 1), (1, weight.stride(0)))
+        _gemm(x, weight, y, bias, M, N, K, (x.stride(0), 1), (1, weight.stride(0)), config)
     return y
 
 
-def backward(dy, x, weight, has_bias):
+def backward(dy, x, weight, has_bias, config=None):
     dy = dy.contiguous()
     x = x.contiguous()
     weight = weight.contiguous()
@@ -65,9 +78,9 @@ def backward(dy, x, weight, has_bias):
     dx = torch.empty_like(x)
     dw = torch.empty_like(weight)
     if M and K:  # dx [M, K] = dy [M, N] @ weight [N, K]
-        _gemm(dy, weight, dx, None, M, K, N, (dy.stride(0), 1), (weight.stride(0), 1))
+        _gemm(dy, weight, dx, None, M, K, N, (dy.stride(0), 1), (weight.stride(0), 1), config)
     if N and K:  # dw [N, K] = dy.T [N, M] @ x [M, K]
-        _gemm(dy, x, dw, None, N, K, M, (1, dy.stride(0)), (x.stride(0), 1))
+        _gemm(dy, x, dw, None, N, K, M, (1, dy.stride(0)), (x.stride(0), 1), config)
     if M == 0:
         dw.zero_()
     db = None

@@ -124,7 +124,9 @@ register(
 register(
     op="dense_gemm",
     name="triton.gemm",
-    run=lambda config, **kw: gemm_op.dense_gemm("triton", **kw),
+    run=lambda config, **kw: gemm_op.dense_gemm("triton", **kw, config=config),
+    config_space=dg.CONFIG_SPACE,
+    default_config=lambda call: dg.default_config(),
     plan={
         "gemm_k": _plan(block=dg.K_BLOCK),
         "grad_x_n": _plan(block=dg.K_BLOCK),
