@@ -72,3 +72,18 @@ def test_op_without_conforming_implementation(monkeypatch, capsys):
 
 def test_generated_docs_are_current():
     assert docs_main(["docs/ops", "--check"]) == 0
+
+
+def test_conformance_flag_runs_the_kit(capsys):
+    assert lint.main(["--conformance", "--op", "swiglu", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   torch.strict_swiglu float32 case0.batch" in out
+
+
+def test_packages_import_in_any_order():
+    import subprocess
+    import sys
+
+    for first in ("opcontract.conformance", "opcontract.tuning", "opcontract.dispatch"):
+        code = f"import {first}; import opcontract.cli.lint, opcontract.tuning.verify"
+        subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,6 +3,8 @@
     contract-lint                 # the shipped contracts and all implementations
     contract-lint path/to/op.yaml # given files (or folders of *.yaml)
     contract-lint --json          # one JSON object for machines
+    contract-lint --conformance [--op OP] [--device cpu|cuda]
+                                  # also run the conformance kit on this machine
 
 Exit 0 when clean; exit 1 with one ``path:line: message`` per problem.
 """
@@ -103,12 +105,51 @@ def lint(paths: list[str] | None = None) -> tuple[list[Problem], dict[str, Contr
     return problems, contracts
 
 
+def conformance(contracts: dict[str, Contract], device: str, only: str | None) -> list[Problem]:
+    """Run the kit for every implementation that may serve this device; one line per check."""
+    import torch
+
+    from opcontract.backends.registry import CallInfo, rejection
+    from opcontract.conformance import run_kit
+    from opcontract.dispatch.device import device_of
+
+    dev = device_of(torch.empty(0, device=device))
+    problems: list[Problem] = []
+    for op, c in contracts.items():
+        if only and op != only:
+            continue
+        for impl in implementations(op):
+            if impl.relaxed_only:
+                continue
+            for dtype in impl.dtypes:
+                call = CallInfo(dev, dtype, c.conformance.cases[0].sizes, {})
+                why = rejection(impl, c, call, "strict")
+                if why:
+                    print(f"skip {impl.name} {dtype}: {why}")
+                    continue
+                for r in run_kit(impl, c, dtype, device=device):
+                    print(f"{'ok  ' if r.ok else 'FAIL'} {impl.name} {dtype} {r.check}: {r.detail}")
+                    if not r.ok:
+                        problems.append(
+                            Problem(*impl.source, f"{impl.name} {dtype} {r.check}: {r.detail}")
+                        )
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="contract-lint", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="*", help="contract files or folders (default: shipped)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--conformance", action="store_true", help="also run the conformance kit")
+    ap.add_argument("--op", default=None, help="with --conformance: only this op")
+    ap.add_argument("--device", default=None, help="with --conformance: cpu or cuda")
     args = ap.parse_args(argv)
     problems, contracts = lint(args.paths or None)
+    if args.conformance and not problems:
+        import torch
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        problems += conformance(contracts, device, args.op)
     if args.json:
         print(
             json.dumps(
