@@ -20,8 +20,11 @@ versions depend on an element's position in the tensor.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from opcontract.backends import lm_head_op
 from opcontract.backends.torch import elementwise as ew
 from opcontract.outputs import LogprobOutput
 
@@ -189,34 +192,9 @@ def strict_backward(
     )
 
 
-def head(
-    hidden,
-    weight,
-    targets,
-    *,
-    multiplier=1.0,
-    softcap=None,
-    ignore_index=-100,
-    entropy=False,
-    argmax=False,
-    zsum=False,
-    **_config,
-):
-    """Differentiable (logprob, entropy, predicted, smooth), through ``opcontract::lm_head``."""
-    from opcontract.backends import lm_head_op
-
-    return lm_head_op.head(
-        "torch",
-        hidden,
-        weight,
-        targets,
-        multiplier=multiplier,
-        softcap=softcap,
-        ignore_index=ignore_index,
-        entropy=entropy,
-        argmax=argmax,
-        zsum=zsum,
-    )
+# Differentiable (logprob, entropy | None, predicted | None, smooth | None), through the
+# ``opcontract::lm_head`` custom op (opaque to torch.compile).
+head = functools.partial(lm_head_op.head, "torch")
 
 
 def strict_forward(

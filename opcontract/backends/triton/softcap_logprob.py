@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
+from opcontract.backends import lm_head_op
 from opcontract.backends.triton import interpreting
 from opcontract.outputs import LogprobOutput
 
@@ -301,15 +303,9 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
     return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
 
 
-def head(hidden, weight, targets, *, multiplier=1.0, softcap=None, ignore_index=-100,
-         entropy=False, argmax=False, zsum=False, config=None):
-    """Differentiable (logprob, entropy | None, predicted | None, smooth | None), through
-    the ``opcontract::lm_head`` custom op (opaque to torch.compile)."""
-    from opcontract.backends import lm_head_op
-
-    return lm_head_op.head("triton", hidden, weight, targets, multiplier=multiplier,
-                           softcap=softcap, ignore_index=ignore_index, entropy=entropy,
-                           argmax=argmax, zsum=zsum, config=config)
+# Differentiable (logprob, entropy | None, predicted | None, smooth | None), through the
+# ``opcontract::lm_head`` custom op (opaque to torch.compile).
+head = functools.partial(lm_head_op.head, "triton")
 
 
 def softcap_logprob_forward(hidden, weight, targets, *, multiplier=1.0, softcap=None,
