@@ -44,8 +44,9 @@ def env_stamp() -> dict:
 
 
 def _commit(rev: str) -> str | None:
-    # the device machine gets a copy of the tree without history: the caller passes it
-    return rev if len(rev) == 40 else os.environ.get("OPCONTRACT_COMMIT")
+    # the device machine gets a copy of the tree whose git state may be stale: the caller
+    # passes the commit, which wins over what git says
+    return os.environ.get("OPCONTRACT_COMMIT") or (rev if len(rev) == 40 else None)
 
 
 def bench(fn, warmup_ms: float = 50, rep_ms: float = 400) -> tuple[float, float, float]:
