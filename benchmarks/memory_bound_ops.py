@@ -7,7 +7,9 @@ Liger-Kernel where it has the op.
     python benchmarks/memory_bound_ops.py --smoke --out /tmp/smoke.json   # CPU, tiny shapes
 
 Achieved bandwidth counts each input read once and each output written once, over the
-median time, against the device-to-device copy rate measured in the same run.
+median time, against the device-to-device copy rate measured in the same run. Eager calls
+include each provider's host overhead; at T <= --graph-max-T the forward is also timed as
+a CUDA-graph replay (mode "forward.graph"), the GPU time a decode loop under graphs sees.
 """
 
 from __future__ import annotations
@@ -62,11 +64,13 @@ def cases(T: int, dev: str, dtype, small: bool):
     table = rn(v, h)
     ids = torch.randint(0, v, (T,), device=dev, generator=g)
     e = x.element_size()
+    rms, add_rms = dispatch.op("rms_norm"), dispatch.op("fused_add_rms_norm")
+    swiglu, embed = dispatch.op("swiglu"), dispatch.op("normalized_embedding")
     out = {
         "rms_norm.plain": (
             (x, w),
             {
-                "opcontract": lambda x, w: dispatch.op("rms_norm")(x, w, variant="plain", eps=1e-5),
+                "opcontract": lambda x, w: rms(x, w, variant="plain", eps=1e-5),
                 "eager": lambda x, w: _eager_norm(x, w, "plain", 1e-5),
             },
             (2 * T * h + h) * e,
@@ -75,9 +79,7 @@ def cases(T: int, dev: str, dtype, small: bool):
         "rms_norm.centred": (
             (x, w0),
             {
-                "opcontract": lambda x, w: dispatch.op("rms_norm")(
-                    x, w, variant="centred", eps=1e-5
-                ),
+                "opcontract": lambda x, w: rms(x, w, variant="centred", eps=1e-5),
                 "eager": lambda x, w: _eager_norm(x, w, "centred", 1e-5),
             },
             (2 * T * h + h) * e,
@@ -86,9 +88,7 @@ def cases(T: int, dev: str, dtype, small: bool):
         "fused_add_rms_norm.centred": (
             (x, r, w0),
             {
-                "opcontract": lambda x, r, w: dispatch.op("fused_add_rms_norm")(
-                    x, r, w, variant="centred", eps=1e-8
-                ),
+                "opcontract": lambda x, r, w: add_rms(x, r, w, variant="centred", eps=1e-8),
                 "eager": lambda x, r, w: _eager_add_norm(x, r, w, 1e-8),
             },
             (4 * T * h + h) * e,
@@ -97,7 +97,7 @@ def cases(T: int, dev: str, dtype, small: bool):
         "swiglu.separate": (
             (gate, up),
             {
-                "opcontract": lambda g_, u_: dispatch.op("swiglu")(g_, u_),
+                "opcontract": lambda g_, u_: swiglu(g_, u_),
                 "eager": _eager_swiglu,
             },
             3 * T * i * e,
@@ -106,7 +106,7 @@ def cases(T: int, dev: str, dtype, small: bool):
         "swiglu.packed": (
             (packed,),
             {
-                "opcontract": lambda p: dispatch.op("swiglu")(p, layout="packed"),
+                "opcontract": lambda p: swiglu(p, layout="packed"),
                 "eager": lambda p: _eager_swiglu(p[:, :i], p[:, i:]),
             },
             3 * T * i * e,
@@ -115,7 +115,7 @@ def cases(T: int, dev: str, dtype, small: bool):
         "normalized_embedding": (
             (table,),
             {
-                "opcontract": lambda t_: dispatch.op("normalized_embedding")(ids, t_, eps=1e-5),
+                "opcontract": lambda t_: embed(ids, t_, eps=1e-5),
                 "eager": lambda t_: _eager_embedding(ids, t_, 1e-5),
             },
             (2 * T * h) * e + T * 8,
@@ -152,11 +152,19 @@ def _time(fn, device: str, rep_ms: float) -> float:
     return (time.perf_counter() - t0) / 3 * 1e3
 
 
+def _time_graph(fn, rep_ms: float) -> float:
+    """Median replay time of ``fn`` captured in a CUDA graph (no host overhead)."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="+", default=[1, 64, 8192, 32768])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script")
     ap.add_argument("--rep-ms", type=float, default=200)
+    ap.add_argument("--graph-max-T", type=int, default=64)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dev = "cpu" if args.smoke else "cuda"
@@ -182,13 +190,18 @@ def main() -> int:
                         torch.autograd.backward(list(outs), [torch.ones_like(o) for o in outs])
 
                     fb = _time(both, dev, args.rep_ms)
+                    timed = [("forward", fwd, b_fwd), ("fwd+bwd", fb, b_both)]
+                    if dev == "cuda" and T <= args.graph_max_T:
+                        with torch.no_grad():
+                            g_ms = _time_graph(lambda: fn(*inputs), args.rep_ms)  # noqa: B023
+                        timed.append(("forward.graph", g_ms, b_fwd))
                 except Exception as exc:
                     rows.append(
                         {"kernel": name, "provider": prov, "x": T, "error": repr(exc)[:300]}
                     )
                     print(name, prov, T, "error", repr(exc)[:120])
                     continue
-                for mode, ms, nbytes in (("forward", fwd, b_fwd), ("fwd+bwd", fb, b_both)):
+                for mode, ms, nbytes in timed:
                     gb_s = nbytes / ms / 1e6
                     rows.append(
                         {
@@ -206,7 +219,7 @@ def main() -> int:
                         }
                     )
                     print(
-                        f"{name:28s} {prov:14s} T={T:6d} {mode:8s} {ms:9.4f} ms {gb_s:8.1f} GB/s",
+                        f"{name:28s} {prov:14s} T={T:6d} {mode:13s} {ms:9.4f} ms {gb_s:8.1f} GB/s",
                         flush=True,
                     )
     write(

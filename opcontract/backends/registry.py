@@ -72,7 +72,30 @@ class Implementation:
             )
 
 
-_REGISTRY: dict[str, Implementation] = {}
+class _Registry(dict):
+    """The registry's dict; every change bumps ``generation`` (dispatch's memo keys on it)."""
+
+    generation = 0
+
+    def __setitem__(self, key: str, value: Implementation) -> None:
+        _Registry.generation += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        _Registry.generation += 1
+        super().__delitem__(key)
+
+    def pop(self, *args: Any) -> Any:
+        _Registry.generation += 1
+        return super().pop(*args)
+
+
+_REGISTRY: dict[str, Implementation] = _Registry()
+
+
+def generation() -> int:
+    """Changes whenever an implementation is added, replaced or removed."""
+    return _Registry.generation
 
 
 def register(**kwargs: Any) -> Implementation:

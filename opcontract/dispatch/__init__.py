@@ -13,10 +13,12 @@ from typing import Any
 import torch
 
 from opcontract.contracts import get_contract
-from opcontract.dispatch.device import simulate
+from opcontract.dispatch import call_cache
+from opcontract.dispatch.call_cache import CachedCall
+from opcontract.dispatch.device import simulate, simulating
 from opcontract.dispatch.provenance import Provenance, last_provenance, record
 from opcontract.dispatch.select import MODES, Selection, select
-from opcontract.dispatch.validate import bind
+from opcontract.dispatch.validate import BoundCall, bind, check_values
 from opcontract.errors import NoBackendError
 
 __all__ = ["OpFunction", "Report", "explain", "last_provenance", "op", "simulate"]
@@ -88,12 +90,58 @@ def explain(
     return _report(name, mode, select(contract, bound, backend, mode))
 
 
+def _memo_entry(c, bound: BoundCall, sel: Selection, args, kwargs, mode) -> CachedCall:
+    impl = sel.selected
+    prov = None
+    if impl is not None:
+        prov = Provenance(
+            op=c.op,
+            contract_version=c.version,
+            contract_sha256=c.sha256,
+            backend=impl.backend,
+            implementation=impl.name,
+            config=dict(sel.config),
+            device=str(sel.call.device),
+            dtypes=dict(bound.dtypes),
+            mode=mode,
+            params=dict(bound.params),
+            tuning_entry=sel.tuning_entry,
+        )
+    names = list(c.inputs)
+    return CachedCall(
+        positional=tuple(names[: len(args)]),
+        keyword_inputs=frozenset(k for k in kwargs if k in c.inputs),
+        absent=tuple(n for n in names[len(args) :] if n not in kwargs),
+        params=dict(bound.params),
+        sizes=dict(bound.sizes),
+        value_checked=any(s.values is not None for s in c.inputs.values()),
+        impl=impl,
+        config=dict(sel.config),
+        provenance=prov,
+        rejected=dict(sel.rejected),
+    )
+
+
 @torch.compiler.disable
-def _host_side(c, args, kwargs, backend, mode):
+def _host_side(fn: OpFunction, args: tuple, kwargs: dict) -> tuple[dict, CachedCall]:
     """Validation and selection: host logic torch.compile runs eagerly (a graph break),
-    so the compiled graph holds only the op itself."""
-    bound = bind(c, args, kwargs)
-    return bound, select(c, bound, backend, mode)
+    so the compiled graph holds only the op itself. Memoised per call signature."""
+    c = fn.contract
+    k = None if simulating() else call_cache.key(fn.name, fn.backend, fn.mode, args, kwargs)
+    hit = call_cache.get(k)
+    if hit is None:
+        bound = bind(c, args, kwargs)
+        sel = select(c, bound, fn.backend, fn.mode)
+        hit = _memo_entry(c, bound, sel, args, kwargs, fn.mode)
+        call_cache.put(k, hit)
+        inputs = bound.inputs
+    else:
+        inputs = hit.inputs(args, kwargs)
+        if hit.value_checked:
+            check_values(c, inputs, hit.params, hit.sizes)
+    if hit.impl is None:
+        raise NoBackendError(fn.name, hit.rejected, requested=fn.backend)
+    return inputs, hit
 
 
 class OpFunction:
@@ -107,27 +155,9 @@ class OpFunction:
         self.mode = mode
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        c = self.contract
-        bound, sel = _host_side(c, args, kwargs, self.backend, self.mode)
-        if sel.selected is None:
-            raise NoBackendError(self.name, sel.rejected, requested=self.backend)
-        impl = sel.selected
-        out = impl.run(sel.config, **bound.inputs, **bound.params)
-        record(
-            Provenance(
-                op=self.name,
-                contract_version=c.version,
-                contract_sha256=c.sha256,
-                backend=impl.backend,
-                implementation=impl.name,
-                config=dict(sel.config),
-                device=str(sel.call.device),
-                dtypes=dict(bound.dtypes),
-                mode=self.mode,
-                params=dict(bound.params),
-                tuning_entry=sel.tuning_entry,
-            )
-        )
+        inputs, hit = _host_side(self, args, kwargs)
+        out = hit.impl.run(hit.config, **inputs, **hit.params)
+        record(hit.provenance)
         return out
 
     def __repr__(self) -> str:

@@ -25,6 +25,11 @@ def device_of(t: torch.Tensor) -> DeviceInfo:
     return DeviceInfo(t.device.type)
 
 
+def simulating() -> bool:
+    """Whether a ``simulate`` block is active on this thread."""
+    return getattr(_local, "simulated", None) is not None
+
+
 @functools.cache
 def _cuda_device(index: int) -> DeviceInfo:
     return DeviceInfo(

@@ -250,5 +250,16 @@ def default_db() -> TuningDB:
     return _db(tuple(table_paths()))
 
 
+_generation = 0
+
+
+def generation() -> int:
+    """Bumped by :func:`reload`: dispatch's call cache keys on it."""
+    return _generation
+
+
 def reload() -> None:
+    """Re-read the tables (after a sweep wrote one)."""
+    global _generation
+    _generation += 1
     _db.cache_clear()
