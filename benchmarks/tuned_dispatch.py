@@ -48,10 +48,8 @@ def main() -> int:
         for dt in sweep.dtypes:
             for b in item.batch:
                 sizes = {**item.sizes, c.conformance.batch_dim: b}
-                probe = prepare(impl, c, dt, sizes, device=args.device, params=item.params)
-                dev = device_of(next(iter(probe.inputs.values())))
                 entry = table.lookup(
-                    dev,
+                    device_of(torch.empty(0, device=args.device)),
                     item.op,
                     impl.name,
                     dt,
@@ -62,6 +60,7 @@ def main() -> int:
                 if entry is None:
                     print(f"{item.op} {impl.name} {dt} {b}: no entry", flush=True)
                     continue
+                probe = prepare(impl, c, dt, sizes, device=args.device, params=item.params)
                 tuned = {**probe.canonical, **entry.config}
 
                 def run(cfg, probe=probe):

@@ -269,3 +269,24 @@ def test_shipped_sweeps_load():
 
     for path in (Path(__file__).parent.parent / "opcontract/tuning/sweeps").glob("*.yaml"):
         assert load_sweep(path).ops
+
+
+def test_only_filters_studies_and_unknown_filter_exits_1(tmp_path, capsys):
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "two.yaml"
+    sweep.write_text(
+        TINY_SWEEP
+        + """  - op: dense_gemm
+    implementation: triton.gemm
+    sizes: {N: 40, K: 300}
+    batch: [4]
+"""
+    )
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "1", "--no-progress"]
+    assert main([*args, "--only", "dense_gemm"]) == 0
+    out = capsys.readouterr().out
+    assert "dense_gemm" in out and "softcap_logprob" not in out
+    assert main([*args, "--only", "no_such_op"]) == 1
+    assert "matches no op" in capsys.readouterr().err

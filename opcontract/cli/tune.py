@@ -1,6 +1,7 @@
 """opcontract-tune: offline tuning that cannot change numerics.
 
     opcontract-tune sweep SWEEP.yaml --table TABLE.json [--trials N] [--timeout S] [--storage URL]
+                          [--only OP,...]
     opcontract-tune show [--table TABLE.json]
     opcontract-tune verify [--table TABLE.json]
 
@@ -17,12 +18,24 @@ from pathlib import Path
 from opcontract.tuning.db import USER_TABLES, TuningDB, table_paths
 
 
+def _report(r) -> None:
+    moved = sorted({k for _, ks in r.rejected for k in ks})
+    speed = "no verified config"
+    if r.best:
+        speed = f"{r.best_ms:.4g} ms vs default {r.default_ms:.4g} ms"
+    print(
+        f"{r.op:22s} {r.implementation:16s} {r.dtype:9s} batch {r.bucket:6d}: {speed}; "
+        f"best {r.best}; {len(r.rejected)} rejected" + (f" (moved bits: {moved})" if moved else ""),
+        flush=True,
+    )
+
+
 def _sweep(args) -> int:
     from opcontract.tuning.sweep import SweepError, load_sweep, run_sweep
 
     try:
         sweep = load_sweep(args.sweep)
-        results = run_sweep(
+        run_sweep(
             sweep,
             args.table,
             storage=args.storage,
@@ -30,22 +43,12 @@ def _sweep(args) -> int:
             timeout=args.timeout,
             device=args.device,
             progress=not args.no_progress,
+            only=set(args.only.split(",")) if args.only else None,
+            on_result=_report,
         )
     except (SweepError, OSError) as e:
         print(f"opcontract-tune: {e}", file=sys.stderr)
         return 1
-    for r in results:
-        moved = sorted({k for _, ks in r.rejected for k in ks})
-        speed = (
-            f"{r.best_ms:.4g} ms vs default {r.default_ms:.4g} ms"
-            if r.best
-            else "no verified config"
-        )
-        print(
-            f"{r.op:22s} {r.implementation:16s} {r.dtype:9s} batch {r.bucket:6d}: {speed}; "
-            f"best {r.best}; {len(r.rejected)} rejected"
-            + (f" (moved bits: {moved})" if moved else "")
-        )
     return 0
 
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--storage", default=None, help="sqlite:///FILE or a journal file path")
     sw.add_argument("--device", choices=("cuda", "cpu"), default=None)
     sw.add_argument("--no-progress", action="store_true")
+    sw.add_argument("--only", default=None, help="comma-separated ops or implementations to tune")
     for name in ("show", "verify"):
         p = sub.add_parser(name)
         p.add_argument("--table", default=None)

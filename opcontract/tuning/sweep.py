@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,13 +183,19 @@ def run_sweep(
     timeout: float | None = None,
     device: str | None = None,
     progress: bool = True,
+    only: set[str] | None = None,
+    on_result: Callable[[StudyResult], None] | None = None,
 ) -> list[StudyResult]:
-    """Run every study of the sweep; each best verified config goes into ``table``."""
+    """Run every study of the sweep (of the ops in ``only``, if given); each best verified
+    config goes into ``table`` as its study ends, and to ``on_result``."""
     from tqdm import tqdm
 
     check_storage(storage)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tasks = [(item, dt, b) for item in sweep.ops for dt in sweep.dtypes for b in item.batch]
+    items = [i for i in sweep.ops if only is None or i.op in only or i.implementation in only]
+    if only is not None and not items:
+        raise SweepError(f"--only {sorted(only)} matches no op or implementation of the sweep")
+    tasks = [(item, dt, b) for item in items for dt in sweep.dtypes for b in item.batch]
     results = []
     for item, dt, b in tqdm(tasks, desc=f"tuning {sweep.name}", disable=not progress):
         c = get_contract(item.op)
@@ -221,4 +228,6 @@ def run_sweep(
         results.append(
             StudyResult(item.op, impl.name, dt, b, best, best_ms, default_ms, rejected, trials)
         )
+        if on_result is not None:
+            on_result(results[-1])
     return results

@@ -14,8 +14,8 @@ INTERPRETER_CONFIG = {"block_m": 32, "block_n": 64}
 # Tile sizes along M and N, launch order and pipelining: none decides a reduction's order
 # (the tuner verifies that bitwise for every candidate).
 CONFIG_SPACE = {
-    "block_m": (64, 128),
-    "block_n": (64, 128, 256),
+    "block_m": (16, 32, 64, 128),
+    "block_n": (32, 64, 128, 256),
     "group_m": (1, 8),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
