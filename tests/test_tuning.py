@@ -290,3 +290,33 @@ def test_only_filters_studies_and_unknown_filter_exits_1(tmp_path, capsys):
     assert "dense_gemm" in out and "softcap_logprob" not in out
     assert main([*args, "--only", "no_such_op"]) == 1
     assert "matches no op" in capsys.readouterr().err
+
+
+def test_each_shape_has_its_own_study(tmp_path):
+    """Two shapes of one op must not share trials (a shared study would hand one shape
+    the other's timings and configs it never verified)."""
+    import optuna
+
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "shapes.yaml"
+    sweep.write_text(
+        """name: shapes
+dtypes: [float32]
+ops:
+  - {op: dense_gemm, implementation: triton.gemm, sizes: {N: 40, K: 64}, batch: [4]}
+  - {op: dense_gemm, implementation: triton.gemm, sizes: {N: 24, K: 96}, batch: [4]}
+"""
+    )
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    args = ["sweep", str(sweep), "--table", str(tmp_path / "t.json"), "--trials", "2"]
+    assert main([*args, "--storage", storage, "--no-progress", "--device", "cpu"]) == 0
+    names = sorted(optuna.get_all_study_names(storage))
+    assert names == [
+        "shapes/dense_gemm/triton.gemm/float32/K=64,N=40/4",
+        "shapes/dense_gemm/triton.gemm/float32/K=96,N=24/4",
+    ]
+    for n in names:
+        assert len(optuna.load_study(study_name=n, storage=storage).trials) == 2
+    entries = json.loads((tmp_path / "t.json").read_text())["entries"]
+    assert sorted(e["shape"] for e in entries) == ["K=64,N=40", "K=96,N=24"]

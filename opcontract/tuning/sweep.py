@@ -202,7 +202,9 @@ def run_sweep(
         impl = implementation(item.implementation)
         sizes = {**item.sizes, c.conformance.batch_dim: b}
         probe = prepare(impl, c, dt, sizes, device=device, params=item.params)
-        name = f"{sweep.name}/{item.op}/{impl.name}/{dt}/{b}"
+        # one study per table key: the fixed sizes are part of it (shapes must not share trials)
+        shape = shape_key(sizes, c.conformance.batch_dim)
+        name = f"{sweep.name}/{item.op}/{impl.name}/{dt}/{shape}/{b}"
         best, best_ms, rejected = tune(
             probe, name=name, storage=storage, trials=trials, timeout=timeout, device=device
         )
@@ -218,7 +220,7 @@ def run_sweep(
                     item.op,
                     impl.name,
                     dt,
-                    shape_key(sizes, c.conformance.batch_dim),
+                    shape,
                     bucket_of(b),
                     best,
                     c.sha256,
