@@ -15,6 +15,8 @@ import json
 
 import torch
 
+from opcontract.backends.direct import bypass_op
+
 _EMPTY_F = (0,)
 
 
@@ -112,8 +114,7 @@ def _or_empty(t, like: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return t if t is not None else like.new_empty(_EMPTY_F, dtype=dtype)
 
 
-@torch.library.custom_op("opcontract::lm_head", mutates_args=())
-def lm_head(
+def _lm_head(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
@@ -149,6 +150,9 @@ def lm_head(
         lse,
         _or_empty(mean_z if entropy else None, lp),
     )
+
+
+lm_head = torch.library.custom_op("opcontract::lm_head", _lm_head, mutates_args=())
 
 
 @lm_head.register_fake
@@ -284,7 +288,8 @@ def head(
     config=None,
 ):
     """Differentiable (logprob, entropy | None, predicted | None, smooth | None)."""
-    lp, ent, pred, smooth, _, _ = lm_head(
+    f = _lm_head if bypass_op(hidden, weight, targets) else lm_head
+    lp, ent, pred, smooth, _, _ = f(
         hidden,
         weight,
         targets,

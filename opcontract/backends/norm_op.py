@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from opcontract.backends.direct import bypass_op
 from opcontract.outputs import AddNormOutput
 
 
@@ -20,8 +21,7 @@ def _backend(name: str):
     raise ValueError(f"no RMSNorm backend {name!r}")
 
 
-@torch.library.custom_op("opcontract::add_rms_norm", mutates_args=())
-def add_rms_norm(
+def _add_rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None,
     residual: torch.Tensor | None,
@@ -33,6 +33,9 @@ def add_rms_norm(
     fwd, _ = _backend(backend)
     y, rout, rstd = fwd(x, weight, residual, variant, eps)
     return y, rout if rout is not None else x.new_empty((0,)), rstd
+
+
+add_rms_norm = torch.library.custom_op("opcontract::add_rms_norm", _add_rms_norm, mutates_args=())
 
 
 @add_rms_norm.register_fake
@@ -88,11 +91,13 @@ add_rms_norm.register_autograd(_backward, setup_context=_setup)
 
 
 def rms_norm(backend: str, x, weight=None, *, variant="plain", eps=1e-6):
-    return add_rms_norm(x, weight, None, backend, variant, float(eps))[0]
+    f = _add_rms_norm if bypass_op(x, weight) else add_rms_norm
+    return f(x, weight, None, backend, variant, float(eps))[0]
 
 
 def fused_add_rms_norm(backend: str, x, residual, weight=None, *, variant="plain", eps=1e-6):
-    y, rout, _ = add_rms_norm(x, weight, residual, backend, variant, float(eps))
+    f = _add_rms_norm if bypass_op(x, residual, weight) else add_rms_norm
+    y, rout, _ = f(x, weight, residual, backend, variant, float(eps))
     return AddNormOutput(y, rout)
 
 
@@ -106,12 +111,16 @@ def _embedding_backend(name: str):
     return m.embedding_forward, m.embedding_backward
 
 
-@torch.library.custom_op("opcontract::normalized_embedding", mutates_args=())
-def normalized_embedding_op(
+def _normalized_embedding_op(
     ids: torch.Tensor, table: torch.Tensor, backend: str, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, raw, rstd)."""
     return _embedding_backend(backend)[0](ids, table, eps)
+
+
+normalized_embedding_op = torch.library.custom_op(
+    "opcontract::normalized_embedding", _normalized_embedding_op, mutates_args=()
+)
 
 
 @normalized_embedding_op.register_fake
@@ -161,5 +170,6 @@ normalized_embedding_op.register_autograd(_embed_backward, setup_context=_embed_
 def normalized_embedding(backend: str, ids, table, *, eps=1e-5, return_raw=False):
     from opcontract.outputs import EmbeddingOutput
 
-    y, raw, _ = normalized_embedding_op(ids, table, backend, float(eps))
+    f = _normalized_embedding_op if bypass_op(ids, table) else normalized_embedding_op
+    y, raw, _ = f(ids, table, backend, float(eps))
     return EmbeddingOutput(y, raw) if return_raw else y

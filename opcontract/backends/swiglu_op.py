@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from opcontract.backends.direct import bypass_op
+
 
 def _backend(name: str):
     if name == "torch":
@@ -21,9 +23,11 @@ def _out_shape(gate, up):
     return (gate.shape[0], gate.shape[-1] if up is not None else gate.shape[-1] // 2)
 
 
-@torch.library.custom_op("opcontract::swiglu", mutates_args=())
-def swiglu_op(gate: torch.Tensor, up: torch.Tensor | None, backend: str) -> torch.Tensor:
+def _swiglu_op(gate: torch.Tensor, up: torch.Tensor | None, backend: str) -> torch.Tensor:
     return _backend(backend)[0](gate, up)
+
+
+swiglu_op = torch.library.custom_op("opcontract::swiglu", _swiglu_op, mutates_args=())
 
 
 @swiglu_op.register_fake
@@ -62,4 +66,4 @@ swiglu_op.register_autograd(_backward, setup_context=_setup)
 
 
 def swiglu(backend: str, gate, up=None, *, layout="separate"):
-    return swiglu_op(gate, up, backend)
+    return (_swiglu_op if bypass_op(gate, up) else swiglu_op)(gate, up, backend)

@@ -1,0 +1,58 @@
+"""Plot rates from a result file, one panel per kernel, one line per provider.
+
+python benchmarks/plot_rates.py benchmarks/results/dense_gemm_h200.json docs/dense_gemm_h200.png
+python benchmarks/plot_rates.py benchmarks/results/memory_bound_ops_h200.json docs/mem.png
+
+dense_gemm: TFLOP/s against M. memory_bound_ops: forward bandwidth as a fraction of the
+copy rate measured in the same run, against T.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(src: str, dst: str) -> int:
+    data = json.loads(open(src).read())
+    gemm = data["benchmark"] == "dense_gemm"
+    key, ylabel = ("tflops", "TFLOP/s") if gemm else ("fraction_of_copy", "fraction of copy rate")
+    panels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in data["rows"]:
+        if r.get(key) is not None and r.get("mode") == "forward":
+            panels[r["kernel"]][r["provider"]].append((r["x"], r[key]))
+    cols = 2 if gemm else 3
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    for ax, (kernel, series) in zip(axes.flat, panels.items(), strict=False):
+        for provider, pts in series.items():
+            pts.sort()
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=provider)
+        ax.set_title(kernel, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(data["rows"][0]["x_name"])
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    env = data["env"]
+    fig.suptitle(
+        f"{data['benchmark']} forward on {env['gpu']} (torch {env['torch']}, "
+        f"Triton {env['triton']}, commit {env.get('opcontract_commit')})",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(dst, dpi=100)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
