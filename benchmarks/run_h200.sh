@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU runs behind benchmarks/results/*_h200.json, as stages of one script, so a few
+# device calls cover them. Run from the repository root on the GPU machine:
+#
+#   OUT=/some/dir OPCONTRACT_COMMIT=$(git rev-parse --short HEAD) \
+#       bash benchmarks/run_h200.sh tests memory gemm sweep-head tuned
+#
+# Wheels for what the GPU image lacks (pydantic, optuna, tqdm, liger-kernel, ...) are
+# expected in .whl/; batch_invariant_ops (the dense_gemm peer) in .peers/ if wanted.
+# Each stage has its own time limit and writes its log and JSON under $OUT.
+set -uo pipefail
+: "${OUT:?set OUT to the folder for results}"
+if [ -z "${SKIP_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD:$PWD/.peers${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+SWEEP=opcontract/tuning/sweeps/muse_glimmer.yaml
+TABLE=$OUT/h200.json
+[ -f "$TABLE" ] || cp opcontract/tuning/tables/h200.json "$TABLE"
+
+stage() {  # name, seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s)"
+    timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.log" | tail -40
+}
+
+sweep() {  # label, --only filter, trials, seconds per study, stage limit
+    stage "sweep-$1" "$5" python3 -m opcontract.cli.tune sweep $SWEEP --only "$2" \
+        --table "$TABLE" --storage "sqlite:////tmp/tune.db" --trials "$3" --timeout "$4" \
+        --no-progress
+}
+
+for s in "$@"; do
+    case $s in
+        tests) stage tests 420 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
+        memory) stage memory 300 python3 benchmarks/memory_bound_ops.py --rep-ms 100 \
+            --out "$OUT/memory_bound_ops_h200.json" ;;
+        gemm) stage gemm 240 python3 benchmarks/dense_gemm.py --out "$OUT/dense_gemm_h200.json" ;;
+        host) stage host 90 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead_h200.json" ;;
+        forward) stage forward 400 python3 benchmarks/softcap_logprob_forward.py \
+            --out "$OUT/softcap_logprob_forward_h200.json" ;;
+        train) stage train 500 python3 benchmarks/softcap_logprob_train.py \
+            --out "$OUT/softcap_logprob_train_h200.json" ;;
+        sweep-head) sweep head softcap_logprob 5 6 420 ;;
+        sweep-ce) sweep ce linear_cross_entropy 4 8 420 ;;
+        sweep-gemm) sweep gemm dense_gemm 6 8 420 ;;
+        tuned) stage tuned 400 python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
+            --out "$OUT/tuned_dispatch_h200.json" ;;
+        cute) stage cute 300 python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
+        *) echo "unknown stage $s"; exit 2 ;;
+    esac
+done
