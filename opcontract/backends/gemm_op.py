@@ -19,6 +19,10 @@ def _backend(name: str, config: str):
         from opcontract.backends.triton import dense_gemm as m
 
         return (lambda *a: m.forward(*a, config=cfg)), (lambda *a: m.backward(*a, config=cfg))
+    if name == "cute":
+        from opcontract.backends.cute import dense_gemm as m
+
+        return (lambda *a: m.forward(*a, config=cfg)), (lambda *a: m.backward(*a, config=cfg))
     raise ValueError(f"no dense_gemm backend {name!r}")
 
 

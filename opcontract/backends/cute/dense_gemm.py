@@ -1,0 +1,165 @@
+"""Host code of the CuTe DSL dense_gemm (SM90): shapes, TMA-ready operands, the compile cache,
+the launch, and forward/backward in the signature of the other backends' dense_gemm.
+
+Importing this module never imports CUTLASS; the first call does.
+
+The kernel (gemm_kernel.py) computes c = a @ b.T with a [M, K], b [N, K], both K-major, with
+the contract's gemm_k numerics (256-element float32 partials, ascending). TMA needs 16-byte
+aligned rows: operands whose K is not a multiple of 8 (or that are strided or misaligned) are
+copied into zero-padded buffers, and an output whose N is not a multiple of 8 is written into
+a padded buffer and copied out. Zero padding along K is what the kernel's K tail sees anyway
+(TMA's zero fill, like Triton's masked loads), so padding moves no bits.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
+
+K_BLOCK = 256  # the contract's gemm_k block (gemm_kernel.CHUNK_K)
+CONFIG = {"tile_m": 128, "tile_n": 128}
+# Tile sizes along M and N decide which CTA computes an element, never the order of its sum.
+CONFIG_SPACE = {"tile_m": (64, 128), "tile_n": (64, 128)}
+_ALIGN = 8  # elements of 2 bytes per 16 bytes: TMA's stride and base alignment
+
+_compiled: dict[tuple, Any] = {}
+
+
+def default_config() -> dict:
+    """The canonical config (one config for every M: batch invariance needs no tuning)."""
+    return dict(CONFIG)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _tma_ready(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """``t`` [R, C] itself when TMA can read it as [R, cols] (cols == C, unit column stride,
+    16-byte aligned rows and base), else a zero-padded contiguous [R, cols] copy."""
+    R, C = t.shape
+    if (
+        C == cols
+        and t.stride(1) == 1
+        and t.stride(0) >= cols
+        and t.stride(0) % _ALIGN == 0
+        and t.data_ptr() % 16 == 0
+    ):
+        return t
+    out = t.new_zeros(R, cols)
+    out[:, :C] = t
+    return out
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def _no_bias(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    # the kernel compiled without bias never reads it
+    return torch.zeros(_ALIGN, dtype=dtype, device=device)
+
+
+def _cute_tensor(t: torch.Tensor, leading_dim: int):
+    from cutlass.cute.runtime import from_dlpack
+
+    align = 16 if t.dim() == 2 else t.element_size()
+    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
+
+
+def _kernel_args(a, b, c, bias, num_ctas):
+    import cuda.bindings.driver as cuda
+    import cutlass
+
+    stream = cuda.CUstream(torch.cuda.current_stream(a.device).cuda_stream)
+    return (
+        _cute_tensor(a, 1),
+        _cute_tensor(b, 1),
+        _cute_tensor(c, 1),
+        _cute_tensor(bias, 0),
+        cutlass.Int32(num_ctas),
+        stream,
+    )
+
+
+def _compile(key: tuple, args: tuple):
+    import cutlass.cute as cute
+
+    from opcontract.backends.cute.gemm_kernel import PromotedGemmSm90
+
+    _, tile_m, tile_n, has_bias = key
+    kernel = PromotedGemmSm90(tile_m, tile_n, has_bias)
+    return cute.compile(kernel, *args)
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """c [M, N] = a [M, K] @ b [N, K].T (+ bias [N], in float32), in a's dtype (bf16/fp16).
+
+    gemm_k numerics: 256-element K partials in float32, ascending, one cast at the end.
+    """
+    cfg = {**CONFIG, **(config or {})}
+    M, K = a.shape
+    N = b.shape[0]
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        raise TypeError(f"cute dense_gemm serves bfloat16/float16, got {a.dtype}, {b.dtype}")
+    if bias is not None and bias.dtype != a.dtype:
+        raise TypeError(f"bias dtype {bias.dtype} differs from {a.dtype}")
+    if M == 0 or N == 0:
+        return a.new_empty(M, N)
+    if K == 0:  # an empty sum: +0, then the bias in float32, one cast
+        acc = torch.zeros(M, N, dtype=torch.float32, device=a.device)
+        return (acc if bias is None else acc + bias.float()).to(a.dtype)
+    Kp = _round_up(K, _ALIGN)
+    Np = _round_up(N, _ALIGN)
+    a = _tma_ready(a, Kp)
+    b = _tma_ready(b, Kp)
+    c = torch.empty(M, Np, dtype=a.dtype, device=a.device)
+    bias_t = bias.contiguous() if bias is not None else _no_bias(a.device, a.dtype)
+    tile_m, tile_n = int(cfg["tile_m"]), int(cfg["tile_n"])
+    tiles = -(-M // tile_m) * -(-N // tile_n)
+    num_ctas = min(tiles, _sm_count(a.device.index or 0))
+    with torch.cuda.device(a.device):
+        args = _kernel_args(a, b, c, bias_t, num_ctas)
+        key = (a.dtype, tile_m, tile_n, bias is not None)
+        fn = _compiled.get(key)
+        if fn is None:
+            fn = _compiled[key] = _compile(key, args)
+        fn(*args)
+    return c if Np == N else c[:, :N].contiguous()
+
+
+def forward(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: dict | None = None
+) -> torch.Tensor:
+    """y = x @ weight.T (+ bias): the contract's forward."""
+    return gemm(x, weight, bias, config)
+
+
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    has_bias: bool,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dx, dweight, dbias) with the same kernel (K-major operands are transposed copies).
+
+    grad_x_n: dx = dy @ weight, partials of 256 along N; grad_weight_m: dw = dy.T @ x,
+    partials of 256 along M; grad_bias_m: a fixed pairwise tree over rows.
+    """
+    dy = dy.contiguous()
+    dx = gemm(dy, weight.T.contiguous(), None, config)  # [M, N] @ [K, N].T
+    dw = gemm(dy.T.contiguous(), x.T.contiguous(), None, config)  # [N, M] @ [K, M].T
+    db = pairwise_sum(dy.float()).to(weight.dtype, copy=True) if has_bias else None
+    return dx, dw, db

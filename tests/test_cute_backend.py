@@ -1,0 +1,181 @@
+"""The CuTe DSL backend: its dense_gemm declaration and rejections everywhere (CPU), its
+numerics on an SM90 GPU with nvidia-cutlass-dsl installed (marked gpu)."""
+
+import dataclasses
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from opcontract import NoBackendError, dispatch
+from opcontract.backends import registry
+from opcontract.backends.cute import missing_library
+from opcontract.contracts import get_contract
+from opcontract.dispatch.device import simulate
+from opcontract.dispatch.select import call_info
+from opcontract.dispatch.validate import bind
+
+HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
+MUSE_NK = [(8704, 6656), (6656, 4096), (39936, 6656), (6656, 19968)]
+
+
+def _xwb(M=5, K=72, N=24, dtype=torch.bfloat16, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*s, generator=g).to(dtype).to(device) for s in ((M, K), (N, K), (N,))]
+
+
+def _impl():
+    return registry.implementation("cute.gemm")
+
+
+def _call(dtype=torch.bfloat16):
+    return call_info(bind(get_contract("dense_gemm"), tuple(_xwb(dtype=dtype)), {}))
+
+
+def test_registered_without_importing_cutlass():
+    impl = _impl()
+    assert impl.backend == "cute" and impl.op == "dense_gemm"
+    assert impl.devices == ("cuda",) and impl.dtypes == ("bfloat16", "float16")
+    assert impl.capability == ((9, 0), (9, 0))
+    # not selected by default until it has run on an SM90 GPU: only when asked for
+    assert impl.priority["cuda"] < registry.implementation("triton.gemm").priority["cuda"]
+    assert registry.declaration_problems(impl, get_contract("dense_gemm")) == []
+    if not HAVE_CUTLASS:
+        assert "cutlass" not in sys.modules
+
+
+def test_rejected_with_a_reason_on_cpu_and_simulated_gpus():
+    x, w, b = _xwb()
+    with simulate((9, 0), name="H200"):
+        r = dispatch.explain("dense_gemm", x, w, b)
+    assert r.implementation == "triton.gemm"
+    if HAVE_CUTLASS:
+        assert "cute.gemm" in r.accepted
+    else:
+        assert "CUTLASS DSL is not installed" in r.rejected["cute.gemm"]
+    with simulate((8, 0), name="A100"):
+        r = dispatch.explain("dense_gemm", x, w, b)
+    assert r.implementation == "triton.gemm"
+    assert ("this GPU is SM80" if HAVE_CUTLASS else "CUTLASS DSL") in r.rejected["cute.gemm"]
+    with simulate((9, 0)):
+        r = dispatch.explain("dense_gemm", *_xwb(dtype=torch.float32))
+    assert "cute.gemm" in r.rejected and r.implementation == "triton.gemm"
+
+
+def test_each_constraint_has_its_own_reason():
+    """With the library taken as present: CPU, SM80, SM100 and float32 each say why."""
+    c = get_contract("dense_gemm")
+    impl = dataclasses.replace(_impl(), available=lambda: None)
+    call = _call()
+    assert "runs on cuda, not cpu" in registry.rejection(impl, c, call, "strict")
+    for cap in ((8, 0), (10, 0)):
+        dev = registry.DeviceInfo("cuda", cap, "sim")
+        why = registry.rejection(impl, c, dataclasses.replace(call, device=dev), "strict")
+        assert f"this GPU is SM{cap[0]}{cap[1]}" in why
+    h200 = registry.DeviceInfo("cuda", (9, 0), "H200")
+    assert registry.rejection(impl, c, dataclasses.replace(call, device=h200), "strict") is None
+    f32 = dataclasses.replace(_call(torch.float32), device=h200)
+    assert "not float32" in registry.rejection(impl, c, f32, "strict")
+
+
+def test_missing_library_reason():
+    if HAVE_CUTLASS:
+        assert missing_library() is None
+    else:
+        assert "pip install nvidia-cutlass-dsl" in missing_library()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rejection")
+def test_forcing_cute_on_cpu_raises_no_backend():
+    x, w, b = _xwb()
+    with pytest.raises(NoBackendError) as e:
+        dispatch.op("dense_gemm", backend="cute")(x, w, b)
+    msg = str(e.value)
+    assert "requested backend 'cute'" in msg
+    assert "cute.gemm: " + ("runs on cuda, not cpu" if HAVE_CUTLASS else "CUTLASS DSL") in msg
+    assert "triton.gemm: not requested" in msg
+
+
+def test_config_space_moves_no_reduction():
+    from opcontract.backends.cute import dense_gemm as dg
+
+    assert dg.K_BLOCK == get_contract("dense_gemm").reductions["gemm_k"].block
+    assert dg.default_config() == dg.CONFIG
+    assert set(dg.CONFIG) == set(dg.CONFIG_SPACE)
+    for k, v in dg.CONFIG.items():
+        assert v in dg.CONFIG_SPACE[k]
+
+
+# ---------------------------------------------------------------- GPU (SM90 + CUTLASS DSL)
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_cute = pytest.mark.skipif(
+    not (HAVE_CUTLASS and _sm90()), reason="needs nvidia-cutlass-dsl and an SM90 GPU"
+)
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cute_conformance_kit_on_gpu(dtype):
+    from opcontract.conformance import run_kit
+
+    failed = [r for r in run_kit(_impl(), get_contract("dense_gemm"), dtype, "cuda") if not r.ok]
+    assert not failed, failed
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("M,N,K", [(1, 8704, 6656), (1000, 6656, 4096), (77, 130, 300)])
+def test_cute_close_to_float64(M, N, K, bias):
+    x, w, b = _xwb(M, K, N, device="cuda")
+    w = w * 0.05
+    cute = dispatch.op("dense_gemm", backend="cute")
+    y = cute(x, w, b if bias else None)
+    assert dispatch.last_provenance().implementation == "cute.gemm"
+    ref = x.double() @ w.double().T + (b.double() if bias else 0)
+    rel = ((y.double() - ref).norm() / ref.norm()).item()
+    assert y.dtype == x.dtype and y.shape == (M, N)
+    assert rel <= get_contract("dense_gemm").tolerance["bfloat16"], rel
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_cute_rows_bitwise_equal_across_batch_sizes():
+    N, K = MUSE_NK[0]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4096, K, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(N, K, device="cuda", generator=g) * 0.02).bfloat16()
+    b = torch.randn(N, device="cuda", generator=g).bfloat16()
+    cute = dispatch.op("dense_gemm", backend="cute")
+    full = cute(x, w, b)
+    for m in (1, 3, 64, 1000):
+        idx = torch.randperm(4096, device="cuda", generator=g)[:m]
+        assert torch.equal(cute(x[idx], w, b), full[idx]), m
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_cute_backward_close_to_float64():
+    x, w, b = _xwb(37, 300, 70, device="cuda")
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    y = dispatch.op("dense_gemm", backend="cute")(x, w, b)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    dy64 = dy.double()
+    tol = get_contract("dense_gemm").grad_tolerance["bfloat16"]
+    for got, ref in (
+        (x.grad, dy64 @ w.double()),
+        (w.grad, dy64.T @ x.double()),
+        (b.grad, dy64.sum(0)),
+    ):
+        rel = ((got.double() - ref).norm() / ref.norm()).item()
+        assert rel <= tol, rel
