@@ -50,7 +50,9 @@ def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T
     if VARIANT < 2:
         s = _scale(w_ptr, cols, mask, VARIANT)
     dw = tl.zeros((BLOCK_H,), tl.float32)
-    for i in range(ROWS):  # dweight_t: this block's rows in ascending order
+    # dweight_t: this block's rows in ascending order; the next row's loads are issued while
+    # this one computes (pipelining moves loads, never the order of the adds)
+    for i in tl.range(ROWS, num_stages=2):
         row = tl.program_id(0).to(tl.int64) * ROWS + i
         m = mask & ((cols.to(tl.int64) * 0 + row) < T)
         x32 = tl.load(x_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
@@ -75,7 +77,7 @@ def _sum_partials_kernel(p_ptr, out_ptr, N_PARTS, H, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
     acc = tl.zeros((BLOCK,), tl.float32)
-    for i in range(0, N_PARTS):  # ascending blocks of rows
+    for i in tl.range(0, N_PARTS, num_stages=4):  # ascending blocks of rows, loads ahead
         acc += tl.load(p_ptr + i * H + cols, mask=mask, other=0.0)
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
