@@ -320,3 +320,33 @@ ops:
         assert len(optuna.load_study(study_name=n, storage=storage).trials) == 2
     entries = json.loads((tmp_path / "t.json").read_text())["entries"]
     assert sorted(e["shape"] for e in entries) == ["K=64,N=40", "K=96,N=24"]
+
+
+def test_fastest_tuned_implementation_serves(tmp_path, monkeypatch):
+    """With entries for two conforming implementations, dispatch takes the faster one, even
+    over a higher priority; without entries, priority decides."""
+    import dataclasses
+
+    from opcontract.backends import registry
+
+    impl = registry.implementation("triton.fused")
+    twin = dataclasses.replace(impl, name="triton.twin", priority={"cpu": -1, "cuda": -1})
+    monkeypatch.setitem(registry._REGISTRY, "triton.twin", twin)
+    h, w, t = head_inputs(T=6)
+    assert dispatch.explain("softcap_logprob", h, w, t, backend="triton").implementation == (
+        "triton.fused"
+    )
+    table = tmp_path / "two.json"
+    write_entry(table, _entry(median_ms=2.0))
+    write_entry(table, _entry(implementation="triton.twin", median_ms=1.5, config={"group_t": 1}))
+    monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
+    r = dispatch.explain("softcap_logprob", h, w, t, backend="triton")
+    assert r.implementation == "triton.twin" and r.config["group_t"] == 1
+    assert "triton.twin" in r.tuning_entry
+    write_entry(table, _entry(median_ms=1.0))
+    from opcontract.tuning import db
+
+    db.reload()  # read the table again
+    assert dispatch.explain("softcap_logprob", h, w, t, backend="triton").implementation == (
+        "triton.fused"
+    )

@@ -34,7 +34,8 @@ def call_info(bound: BoundCall) -> CallInfo:
 
 
 def select(contract: Contract, bound: BoundCall, backend: str | None, mode: str) -> Selection:
-    """Keep the implementations that may serve the call; pick the highest priority.
+    """Keep the implementations that may serve the call. Where the tuning tables time some of
+    them for this call's bucket, the fastest of those serves; else the highest priority.
 
     ``backend`` names a backend (``triton``) or one implementation (``triton.fused``).
     """
@@ -49,19 +50,30 @@ def select(contract: Contract, bound: BoundCall, backend: str | None, mode: str)
         else:
             sel.rejected[impl.name] = why
     if sel.accepted:
-        sel.selected = max(sel.accepted, key=lambda i: i.priority.get(call.device.type, 0))
+        tuned = {i.name: _entry(contract, call, i) for i in sel.accepted}
+        timed = [i for i in sel.accepted if tuned[i.name] and tuned[i.name].median_ms]
+        if timed:  # the tables measured these here: the fastest one serves
+            sel.selected = min(timed, key=lambda i: tuned[i.name].median_ms)
+        else:
+            sel.selected = max(sel.accepted, key=lambda i: i.priority.get(call.device.type, 0))
         sel.config = sel.selected.default_config(call)
-        if sel.selected.config_space:
-            entry = default_db().lookup(
-                call.device,
-                contract.op,
-                sel.selected.name,
-                call.dtype,
-                shape_key(call.sizes, contract.conformance.batch_dim),
-                bucket_of(call.sizes.get(contract.conformance.batch_dim, 0)),
-                contract.sha256,
-            )
-            if entry is not None:
-                sel.config = {**sel.config, **entry.config}
-                sel.tuning_entry = entry.describe()
+        entry = tuned[sel.selected.name]
+        if entry is not None:
+            sel.config = {**sel.config, **entry.config}
+            sel.tuning_entry = entry.describe()
     return sel
+
+
+def _entry(contract: Contract, call: CallInfo, impl: Implementation):
+    """The tuning table's entry for this implementation and call bucket, or None."""
+    if not impl.config_space:
+        return None
+    return default_db().lookup(
+        call.device,
+        contract.op,
+        impl.name,
+        call.dtype,
+        shape_key(call.sizes, contract.conformance.batch_dim),
+        bucket_of(call.sizes.get(contract.conformance.batch_dim, 0)),
+        contract.sha256,
+    )
