@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import json
+
 import torch
 
 from opcontract.backends.direct import bypass_op
 
 
-def _backend(name: str):
+@functools.lru_cache(maxsize=64)
+def _backend(name: str, config: str = ""):
+    """(forward(gate, up), backward(dy, gate, up)) of a backend; ``config``: launch config
+    as JSON (Triton's block and warps: none of them changes a bit of this elementwise op)."""
     if name == "torch":
         from opcontract.backends.torch import swiglu as m
 
@@ -15,7 +21,11 @@ def _backend(name: str):
     if name == "triton":
         from opcontract.backends.triton import swiglu as m
 
-        return m.forward, m.backward
+        cfg = json.loads(config) if config else None
+        return (
+            functools.partial(m.forward, config=cfg),
+            functools.partial(m.backward, config=cfg),
+        )
     raise ValueError(f"no SwiGLU backend {name!r}")
 
 
@@ -23,47 +33,50 @@ def _out_shape(gate, up):
     return (gate.shape[0], gate.shape[-1] if up is not None else gate.shape[-1] // 2)
 
 
-def _swiglu_op(gate: torch.Tensor, up: torch.Tensor | None, backend: str) -> torch.Tensor:
-    return _backend(backend)[0](gate, up)
+def _swiglu_op(
+    gate: torch.Tensor, up: torch.Tensor | None, backend: str, config: str
+) -> torch.Tensor:
+    return _backend(backend, config)[0](gate, up)
 
 
 swiglu_op = torch.library.custom_op("opcontract::swiglu", _swiglu_op, mutates_args=())
 
 
 @swiglu_op.register_fake
-def _(gate, up, backend):
+def _(gate, up, backend, config):
     return gate.new_empty(_out_shape(gate, up))
 
 
 @torch.library.custom_op("opcontract::swiglu_backward", mutates_args=())
 def swiglu_backward(
-    dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None, backend: str
+    dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None, backend: str, config: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    dg, du = _backend(backend)[1](dy, gate, up)
+    dg, du = _backend(backend, config)[1](dy, gate, up)
     return dg, du if du is not None else dg.new_empty((0,))
 
 
 @swiglu_backward.register_fake
-def _(dy, gate, up, backend):
+def _(dy, gate, up, backend, config):
     return torch.empty_like(gate), (
         torch.empty_like(up) if up is not None else gate.new_empty((0,))
     )
 
 
 def _setup(ctx, inputs, output):
-    gate, up, backend = inputs
+    gate, up, backend, config = inputs
     ctx.save_for_backward(gate, up)
-    ctx.backend = backend
+    ctx.args = (backend, config)
 
 
 def _backward(ctx, dy):
     gate, up = ctx.saved_tensors
-    dg, du = swiglu_backward(dy, gate, up, ctx.backend)
-    return dg, (du if up is not None else None), None
+    dg, du = swiglu_backward(dy, gate, up, *ctx.args)
+    return dg, (du if up is not None else None), None, None
 
 
 swiglu_op.register_autograd(_backward, setup_context=_setup)
 
 
-def swiglu(backend: str, gate, up=None, *, layout="separate"):
-    return (_swiglu_op if bypass_op(gate, up) else swiglu_op)(gate, up, backend)
+def swiglu(backend: str, gate, up=None, *, layout="separate", config=None):
+    cfg = json.dumps(config, sort_keys=True) if config else ""
+    return (_swiglu_op if bypass_op(gate, up) else swiglu_op)(gate, up, backend, cfg)

@@ -8,6 +8,7 @@ from opcontract.backends.triton import dense_gemm as dg
 from opcontract.backends.triton import device_reason, missing_library
 from opcontract.backends.triton import linear_cross_entropy as lce
 from opcontract.backends.triton import softcap_logprob as slp
+from opcontract.backends.triton import swiglu as tsw
 from opcontract.contracts.schema import ReductionPlan
 
 
@@ -99,7 +100,9 @@ register(
 register(
     op="swiglu",
     name="triton.swiglu",
-    run=lambda config, **kw: swiglu_op.swiglu("triton", **kw),
+    run=lambda config, **kw: swiglu_op.swiglu("triton", **kw, config=config),
+    config_space=tsw.CONFIG_SPACE,
+    default_config=lambda call: dict(tsw.CONFIG),
     plan={},
     grad_invariances={"gate": ("run_to_run", "batch"), "up": ("run_to_run", "batch")},
     features=("approx_transcendentals",),
