@@ -43,9 +43,11 @@ for s in "$@"; do
             --out "$OUT/softcap_logprob_forward_h200.json" ;;
         train) stage train 500 python3 benchmarks/softcap_logprob_train.py \
             --out "$OUT/softcap_logprob_train_h200.json" ;;
-        sweep-head) sweep head softcap_logprob 5 6 420 ;;
-        sweep-ce) sweep ce linear_cross_entropy 4 8 420 ;;
-        sweep-gemm) sweep gemm dense_gemm 6 8 420 ;;
+        # trials cover each narrowed space (the sweep file's `space:`) as a grid
+        sweep-head) sweep head softcap_logprob 16 60 540 ;;
+        sweep-ce) sweep ce linear_cross_entropy 16 60 540 ;;
+        sweep-gemm) sweep gemm dense_gemm 18 60 540 ;;
+        sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
         tuned) stage tuned 400 python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
             --out "$OUT/tuned_dispatch_h200.json" ;;
         cute) stage cute 300 python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;

@@ -350,3 +350,54 @@ def test_fastest_tuned_implementation_serves(tmp_path, monkeypatch):
     assert dispatch.explain("softcap_logprob", h, w, t, backend="triton").implementation == (
         "triton.fused"
     )
+
+
+def test_a_sweep_item_narrows_the_space(tmp_path, capsys):
+    import optuna
+
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "narrow.yaml"
+    sweep.write_text(
+        """name: narrow
+dtypes: [float32]
+ops:
+  - op: dense_gemm
+    implementation: triton.gemm
+    sizes: {N: 40, K: 64}
+    batch: [4]
+    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2]}
+"""
+    )
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "5", "--storage", storage]
+    assert main([*args, "--no-progress", "--device", "cpu"]) == 0
+    (name,) = optuna.get_all_study_names(storage)
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    assert sorted(t.params["block_n"] for t in trials) == [32, 64]  # a grid of two
+    assert all(t.params["block_m"] == 16 for t in trials)
+    (entry,) = json.loads(table.read_text())["entries"]
+    assert entry["median_ms"] > 0  # the faster of the narrowed best and the default
+
+
+@pytest.mark.parametrize(
+    "space,needle",
+    [
+        ("{tile: [1]}", "has no parameter 'tile'"),
+        ("{block_m: [48]}", "[48] not among the declared"),
+        ("{block_m: []}", "no values"),
+    ],
+)
+def test_bad_narrowed_space_exits_1(tmp_path, capsys, space, needle):
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "bad.yaml"
+    sweep.write_text(
+        "name: bad\ndtypes: [float32]\nops:\n"
+        "  - {op: dense_gemm, implementation: triton.gemm, sizes: {N: 40, K: 64}, batch: [4],"
+        f" space: {space}}}\n"
+    )
+    assert main(["sweep", str(sweep), "--table", str(tmp_path / "t.json"), "--no-progress"]) == 1
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
