@@ -57,3 +57,21 @@ def test_bypass_conditions():
 
     with Mode():
         assert not bypass_op(torch.randn(3))
+
+
+def test_eager_backward_skips_the_backward_op_with_the_same_bits(monkeypatch):
+    x, w, dy = torch.randn(5, 40), torch.randn(40), torch.randn(5, 40)
+    f = dispatch.op("rms_norm")
+
+    def grads():
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        f(xs, ws).backward(dy)
+        return xs.grad, ws.grad
+
+    calls = _counting(monkeypatch, norm_op, "add_rms_norm_backward")
+    direct = grads()
+    assert calls == []
+    monkeypatch.setattr(norm_op, "bypass_op", lambda *t: False)  # through the ops
+    via_op = grads()
+    assert calls == [1]
+    assert all(torch.equal(a, b) for a, b in zip(direct, via_op, strict=True))

@@ -40,8 +40,7 @@ def _(x, weight, bias, backend, config):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-@torch.library.custom_op("opcontract::dense_gemm_backward", mutates_args=())
-def dense_gemm_backward(
+def _dense_gemm_backward(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -51,6 +50,11 @@ def dense_gemm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dx, dw, db = _backend(backend, config)[1](dy, x, weight, has_bias)
     return dx, dw, db if db is not None else weight.new_empty((0,))
+
+
+dense_gemm_backward = torch.library.custom_op(
+    "opcontract::dense_gemm_backward", _dense_gemm_backward, mutates_args=()
+)
 
 
 @dense_gemm_backward.register_fake
@@ -71,7 +75,8 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, dy):
     x, weight = ctx.saved_tensors
     has_bias, backend, config = ctx.args
-    dx, dw, db = dense_gemm_backward(dy, x, weight, has_bias, backend, config)
+    f = _dense_gemm_backward if bypass_op(dy, x, weight) else dense_gemm_backward
+    dx, dw, db = f(dy, x, weight, has_bias, backend, config)
     return dx, dw, (db if has_bias else None), None, None
 
 

@@ -182,8 +182,7 @@ def _(
     )
 
 
-@torch.library.custom_op("opcontract::lm_head_backward", mutates_args=())
-def lm_head_backward(
+def _lm_head_backward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
@@ -219,6 +218,11 @@ def lm_head_backward(
     return gh, gw
 
 
+lm_head_backward = torch.library.custom_op(
+    "opcontract::lm_head_backward", _lm_head_backward, mutates_args=()
+)
+
+
 @lm_head_backward.register_fake
 def _(
     hidden,
@@ -251,7 +255,8 @@ def _backward(ctx, g_lp, g_ent, _g_pred, g_smooth, _g_lse, _g_mean_z):
     hidden, weight, targets, lse, mean_z = ctx.saved_tensors
     backend, multiplier, softcap, ignore_index, entropy, zsum = ctx.args
     zeros = torch.zeros_like(lse)
-    gh, gw = lm_head_backward(
+    f = _lm_head_backward if bypass_op(hidden, weight, g_lp, g_ent, g_smooth) else lm_head_backward
+    gh, gw = f(
         hidden,
         weight,
         targets,

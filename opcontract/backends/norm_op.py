@@ -47,8 +47,7 @@ def _(x, weight, residual, backend, variant, eps):
     )
 
 
-@torch.library.custom_op("opcontract::add_rms_norm_backward", mutates_args=())
-def add_rms_norm_backward(
+def _add_rms_norm_backward(
     dy: torch.Tensor,
     d_residual_out: torch.Tensor | None,
     x_in: torch.Tensor,
@@ -61,6 +60,11 @@ def add_rms_norm_backward(
     _, bwd = _backend(backend)
     dx, dw = bwd(dy, d_residual_out, x_in, weight, rstd, variant)
     return dx, dw if dw is not None else dx.new_empty((0,))
+
+
+add_rms_norm_backward = torch.library.custom_op(
+    "opcontract::add_rms_norm_backward", _add_rms_norm_backward, mutates_args=()
+)
 
 
 @add_rms_norm_backward.register_fake
@@ -83,7 +87,8 @@ def _backward(ctx, dy, d_rout, _d_rstd):
     if dy is None:
         dy = torch.zeros_like(x_in)
     dres = d_rout if fused and d_rout is not None and d_rout.numel() else None
-    dx, dw = add_rms_norm_backward(dy, dres, x_in, weight, rstd, backend, variant)
+    f = _add_rms_norm_backward if bypass_op(dy, dres, x_in, weight) else add_rms_norm_backward
+    dx, dw = f(dy, dres, x_in, weight, rstd, backend, variant)
     return dx, (dw if weight is not None else None), (dx if fused else None), None, None, None
 
 
@@ -133,8 +138,7 @@ def _(ids, table, backend, eps):
     )
 
 
-@torch.library.custom_op("opcontract::normalized_embedding_backward", mutates_args=())
-def normalized_embedding_backward(
+def _normalized_embedding_backward(
     dy: torch.Tensor,
     d_raw: torch.Tensor | None,
     ids: torch.Tensor,
@@ -143,6 +147,11 @@ def normalized_embedding_backward(
     backend: str,
 ) -> torch.Tensor:
     return _embedding_backend(backend)[1](dy, d_raw, ids, table, rstd)
+
+
+normalized_embedding_backward = torch.library.custom_op(
+    "opcontract::normalized_embedding_backward", _normalized_embedding_backward, mutates_args=()
+)
 
 
 @normalized_embedding_backward.register_fake
@@ -160,7 +169,12 @@ def _embed_backward(ctx, dy, d_raw, _d_rstd):
     ids, table, rstd = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros(ids.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
-    dtable = normalized_embedding_backward(dy, d_raw, ids, table, rstd, ctx.backend)
+    f = (
+        _normalized_embedding_backward
+        if bypass_op(dy, d_raw, table)
+        else normalized_embedding_backward
+    )
+    dtable = f(dy, d_raw, ids, table, rstd, ctx.backend)
     return None, dtable, None, None
 
 

@@ -47,12 +47,16 @@ def _(gate, up, backend, config):
     return gate.new_empty(_out_shape(gate, up))
 
 
-@torch.library.custom_op("opcontract::swiglu_backward", mutates_args=())
-def swiglu_backward(
+def _swiglu_backward(
     dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None, backend: str, config: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     dg, du = _backend(backend, config)[1](dy, gate, up)
     return dg, du if du is not None else dg.new_empty((0,))
+
+
+swiglu_backward = torch.library.custom_op(
+    "opcontract::swiglu_backward", _swiglu_backward, mutates_args=()
+)
 
 
 @swiglu_backward.register_fake
@@ -70,7 +74,8 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dy):
     gate, up = ctx.saved_tensors
-    dg, du = swiglu_backward(dy, gate, up, *ctx.args)
+    f = _swiglu_backward if bypass_op(dy, gate, up) else swiglu_backward
+    dg, du = f(dy, gate, up, *ctx.args)
     return dg, (du if up is not None else None), None, None
 
 
