@@ -7,6 +7,10 @@ of 64) accumulate, in ascending k, into a float32 partial that starts from zeros
 registers (accumulate flag set, like Triton's unfoldable zeros); the partial is then added to
 the running float32 total with one IEEE add (the total starts at +0). After the last chunk the
 bias is added in float32, and the sum is cast once to the output dtype (round to nearest even).
+(ptxas folds the literal zeros of each tile's first chunk into that chunk's first instruction,
+SASS `HGMMA ... RZ, !UPT`, i.e. D = A.B without C; later chunks read the zeroed registers.
+A.B and A.B + (+0) can differ only in the sign of an exactly-zero partial, which the +0 total
+absorbs (+0 + -0 = +0), so no bit moves.)
 Tile sizes along M and N and the tile order move no bits: every element sees the same
 instruction sequence; rows beyond M, columns beyond N and k beyond K are TMA's zero fill.
 
