@@ -6,7 +6,8 @@
 Invariance: rows computed at M in {1, 2, 3, 8, 16, 31, 64, 100, 128, 1000, 4096} against
 the same rows inside M = 8192, for opcontract (forward and dx), cuBLAS (F.linear, the
 non-invariant ceiling) and, when importable, batch_invariant_ops' persistent Triton matmul
-(forward only: it has no backward). Throughput: TFLOP/s (2·M·N·K over the median).
+(forward only: it has no backward). Throughput: TFLOP/s (2·M·N·K over the median); at
+M <= --graph-max-m also from CUDA-graph replay (mode "forward.graph": no host time).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _time(fn, cuda: bool) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--graph-max-m", type=int, default=256, help="also time CUDA-graph replay")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     cuda = not args.smoke
@@ -104,26 +106,35 @@ def main() -> int:
             )
             for M in thr_m:
                 xm = torch.randn(M, K, device=dev, generator=g).to(dtype)
+                timed = []
                 with torch.no_grad():
-                    ms = _time(lambda op=op, xm=xm, w=w: op(xm, w), cuda)
-                rows.append(
-                    {
-                        "kernel": f"dense_gemm.{name}",
-                        "provider": prov,
-                        "mode": "forward",
-                        "metric": "time",
-                        "x_name": "M",
-                        "x": M,
-                        "median": ms,
-                        "unit": "ms",
-                        "tflops": 2 * M * N * K / ms / 1e9,
-                    }
-                )
-                print(
-                    f"{name:10s} {prov:10s} M={M:6d} {ms:8.3f} ms "
-                    f"{rows[-1]['tflops']:7.1f} TFLOP/s",
-                    flush=True,
-                )
+                    timed.append(("forward", _time(lambda op=op, xm=xm, w=w: op(xm, w), cuda)))
+                    if cuda and M <= args.graph_max_m:  # the kernel alone, no host time
+                        from triton.testing import do_bench_cudagraph
+
+                        g_ms = do_bench_cudagraph(
+                            lambda op=op, xm=xm, w=w: op(xm, w), rep=100, return_mode="median"
+                        )
+                        timed.append(("forward.graph", g_ms))
+                for mode, ms in timed:
+                    rows.append(
+                        {
+                            "kernel": f"dense_gemm.{name}",
+                            "provider": prov,
+                            "mode": mode,
+                            "metric": "time",
+                            "x_name": "M",
+                            "x": M,
+                            "median": ms,
+                            "unit": "ms",
+                            "tflops": 2 * M * N * K / ms / 1e9,
+                        }
+                    )
+                    print(
+                        f"{name:10s} {prov:10s} M={M:6d} {mode:13s} {ms:8.3f} ms "
+                        f"{rows[-1]['tflops']:7.1f} TFLOP/s",
+                        flush=True,
+                    )
     write(
         args.out,
         {
