@@ -7,6 +7,32 @@ import json
 import torch
 
 from opcontract.backends.direct import bypass_op
+from opcontract.contracts.schema import ReductionPlan
+
+K_BLOCK = 256  # the contract's gemm_k block: one promoted float32 partial per 256 of K
+
+
+def strict_declaration() -> dict:
+    """The plan and gradient invariances every strict dense_gemm implementation declares:
+    K (and N, M in the backward) in 256-element promoted float32 partials, the bias
+    gradient by a fixed pairwise tree."""
+
+    def plan(**kw) -> ReductionPlan:
+        return ReductionPlan(accumulate="float32", **kw)
+
+    return dict(
+        plan={
+            "gemm_k": plan(block=K_BLOCK),
+            "grad_x_n": plan(block=K_BLOCK),
+            "grad_weight_m": plan(block=K_BLOCK),
+            "grad_bias_m": plan(block=1, order="pairwise"),
+        },
+        grad_invariances={
+            "x": ("run_to_run", "batch"),
+            "weight": ("run_to_run",),
+            "bias": ("run_to_run",),
+        },
+    )
 
 
 def _backend(name: str, config: str):

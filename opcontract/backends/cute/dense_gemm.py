@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from opcontract.backends.gemm_op import K_BLOCK  # noqa: F401 - the kernel's CHUNK_K, by contract
 from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
 
-K_BLOCK = 256  # the contract's gemm_k block (gemm_kernel.CHUNK_K)
 CONFIG = {"tile_m": 128, "tile_n": 128}
 # Tile sizes along M and N decide which CTA computes an element, never the order of its sum.
 CONFIG_SPACE = {"tile_m": (64, 128), "tile_n": (64, 128)}

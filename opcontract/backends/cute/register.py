@@ -7,12 +7,6 @@ from opcontract.backends import gemm_op
 from opcontract.backends.cute import dense_gemm as dg
 from opcontract.backends.cute import missing_library
 from opcontract.backends.registry import register
-from opcontract.contracts.schema import ReductionPlan
-
-
-def _plan(**kw) -> ReductionPlan:
-    return ReductionPlan(accumulate="float32", **kw)
-
 
 # What every CuTe implementation shares: SM90 kernels (TMA, WGMMA, setmaxnreg), 16-bit floats.
 _CUTE = dict(
@@ -33,17 +27,7 @@ register(
     run=lambda config, **kw: gemm_op.dense_gemm("cute", **kw, config=config),
     config_space=dg.CONFIG_SPACE,
     default_config=lambda call: dg.default_config(),
-    plan={
-        "gemm_k": _plan(block=dg.K_BLOCK),
-        "grad_x_n": _plan(block=dg.K_BLOCK),
-        "grad_weight_m": _plan(block=dg.K_BLOCK),
-        "grad_bias_m": _plan(block=1, order="pairwise"),
-    },
-    grad_invariances={
-        "x": ("run_to_run", "batch"),
-        "weight": ("run_to_run",),
-        "bias": ("run_to_run",),
-    },
+    **gemm_op.strict_declaration(),
     summary=(
         "warp-specialised TMA + WGMMA GEMM (SM90), K in 256-element float32 partials promoted "
         "in registers, no split-K, bias in float32; backward by the same kernel"

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from opcontract.backends.gemm_op import K_BLOCK  # the contract's gemm_k block
 from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
-
-K_BLOCK = 256
 
 
 def reference(x, weight, bias=None):

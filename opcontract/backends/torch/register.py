@@ -142,26 +142,19 @@ register(
     **{**_STRICT, "grad_invariances": {"table": ("run_to_run",)}},
 )
 
-_GEMM_PLAN = {
-    "gemm_k": _plan(block=dg.K_BLOCK),
-    "grad_x_n": _plan(block=dg.K_BLOCK),
-    "grad_weight_m": _plan(block=dg.K_BLOCK),
-    "grad_bias_m": _plan(block=1, order="pairwise"),
-}
-_GEMM_GRADS = {"x": ("run_to_run", "batch"), "weight": ("run_to_run",), "bias": ("run_to_run",)}
+_GEMM = gemm_op.strict_declaration()
 register(
     op="dense_gemm",
     name="torch.strict_gemm",
     run=_call(functools.partial(gemm_op.dense_gemm, "torch")),
-    plan=_GEMM_PLAN,
     summary="elementwise float32, 256-element promoted partials",
-    **{**_STRICT, "grad_invariances": _GEMM_GRADS},
+    **{**_STRICT, **_GEMM},
 )
 register(
     op="dense_gemm",
     name="torch.cublas",
     run=_call(dg.cublas_forward),
-    plan={name: _LIBRARY for name in _GEMM_PLAN},
+    plan={name: _LIBRARY for name in _GEMM["plan"]},
     summary="stock F.linear (cuBLAS / CPU BLAS): not batch-invariant",
     **{
         **_EAGER,

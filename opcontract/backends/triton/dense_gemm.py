@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from opcontract.backends.gemm_op import K_BLOCK  # the contract's gemm_k block
 from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
 from opcontract.backends.triton import interpreting
 
-K_BLOCK = 256  # the contract's gemm_k block: one promoted partial per 256 elements of K
 STEP_K = {"bfloat16": 64, "float16": 64, "float32": 32}
 CONFIG = {"block_m": 128, "block_n": 128, "group_m": 8, "num_warps": 8, "num_stages": 3}
 INTERPRETER_CONFIG = {"block_m": 32, "block_n": 64}

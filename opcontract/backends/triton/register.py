@@ -130,17 +130,7 @@ register(
     run=lambda config, **kw: gemm_op.dense_gemm("triton", **kw, config=config),
     config_space=dg.CONFIG_SPACE,
     default_config=lambda call: dg.default_config(),
-    plan={
-        "gemm_k": _plan(block=dg.K_BLOCK),
-        "grad_x_n": _plan(block=dg.K_BLOCK),
-        "grad_weight_m": _plan(block=dg.K_BLOCK),
-        "grad_bias_m": _plan(block=1, order="pairwise"),
-    },
-    grad_invariances={
-        "x": ("run_to_run", "batch"),
-        "weight": ("run_to_run",),
-        "bias": ("run_to_run",),
-    },
+    **gemm_op.strict_declaration(),
     summary="tiled GEMM, K in 256-element promoted partials, no split-K, bias in float32",
     **_TRITON,
 )
