@@ -57,6 +57,14 @@ def bench(fn, warmup_ms: float = 50, rep_ms: float = 400) -> tuple[float, float,
     return med, p20, p80
 
 
+def bench_graph(fn, rep_ms: float = 100) -> float:
+    """Median replay time in milliseconds of ``fn`` captured in a CUDA graph: the GPU time
+    alone, without the host's per-call work."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
+
+
 def matmul_tflops(n: int = 8192) -> float:
     """Measured bf16 matmul rate on random data (TFLOP/s)."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

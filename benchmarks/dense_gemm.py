@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_stamp, write  # noqa: E402
+from common import bench_graph, env_stamp, write  # noqa: E402
 
 from opcontract import dispatch  # noqa: E402
 
@@ -110,11 +110,7 @@ def main() -> int:
                 with torch.no_grad():
                     timed.append(("forward", _time(lambda op=op, xm=xm, w=w: op(xm, w), cuda)))
                     if cuda and M <= args.graph_max_m:  # the kernel alone, no host time
-                        from triton.testing import do_bench_cudagraph
-
-                        g_ms = do_bench_cudagraph(
-                            lambda op=op, xm=xm, w=w: op(xm, w), rep=100, return_mode="median"
-                        )
+                        g_ms = bench_graph(lambda op=op, xm=xm, w=w: op(xm, w))
                         timed.append(("forward.graph", g_ms))
                 for mode, ms in timed:
                     rows.append(

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_stamp, write  # noqa: E402
+from common import bench_graph, env_stamp, write  # noqa: E402
 
 from opcontract import dispatch  # noqa: E402
 from opcontract.backends import gemm_op, norm_op, swiglu_op  # noqa: E402
@@ -37,10 +37,8 @@ def per_call_us(fn, n: int) -> float:
 
 
 def graph_us(fn) -> float | None:
-    from triton.testing import do_bench_cudagraph
-
     try:
-        return do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+        return bench_graph(fn, rep_ms=50) * 1e3
     except Exception as exc:  # noqa: BLE001 - reported, not fatal
         print("graph capture failed:", repr(exc)[:150])
         return None

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_stamp, write  # noqa: E402
+from common import bench_graph, env_stamp, write  # noqa: E402
 
 from opcontract import dispatch  # noqa: E402
 
@@ -152,13 +152,6 @@ def _time(fn, device: str, rep_ms: float) -> float:
     return (time.perf_counter() - t0) / 3 * 1e3
 
 
-def _time_graph(fn, rep_ms: float) -> float:
-    """Median replay time of ``fn`` captured in a CUDA graph (no host overhead)."""
-    from triton.testing import do_bench_cudagraph
-
-    return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="+", default=[1, 64, 8192, 32768])
@@ -193,7 +186,7 @@ def main() -> int:
                     timed = [("forward", fwd, b_fwd), ("fwd+bwd", fb, b_both)]
                     if dev == "cuda" and T <= args.graph_max_T:
                         with torch.no_grad():
-                            g_ms = _time_graph(lambda: fn(*inputs), args.rep_ms)  # noqa: B023
+                            g_ms = bench_graph(lambda: fn(*inputs), args.rep_ms)  # noqa: B023
                         timed.append(("forward.graph", g_ms, b_fwd))
                 except Exception as exc:
                     rows.append(
