@@ -96,6 +96,22 @@ def device_key(device: DeviceInfo) -> tuple[str, list[int] | None]:
     )
 
 
+def table_key(
+    device: DeviceInfo, op: str, implementation: str, dtype: str, shape: str, bucket: int
+) -> dict[str, Any]:
+    """An entry's key: the fields of KEY_FIELDS."""
+    gpu, cap = device_key(device)
+    return dict(
+        gpu=gpu,
+        capability=cap,
+        op=op,
+        implementation=implementation,
+        dtype=dtype,
+        shape=shape,
+        bucket=bucket,
+    )
+
+
 @dataclass(frozen=True)
 class Entry:
     key: dict[str, Any]
@@ -150,16 +166,7 @@ class TuningDB:
         bucket: int,
         contract_sha256: str,
     ) -> Entry | None:
-        gpu, cap = device_key(device)
-        key = dict(
-            gpu=gpu,
-            capability=cap,
-            op=op,
-            implementation=implementation,
-            dtype=dtype,
-            shape=shape,
-            bucket=bucket,
-        )
+        key = table_key(device, op, implementation, dtype, shape, bucket)
         now = stamp()
         for e in reversed(self.entries):
             if e.key != key:
@@ -196,15 +203,8 @@ def make_entry(
     contract_sha256: str,
     median_ms: float | None,
 ) -> dict[str, Any]:
-    gpu, cap = device_key(device)
     return dict(
-        gpu=gpu,
-        capability=cap,
-        op=op,
-        implementation=implementation,
-        dtype=dtype,
-        shape=shape,
-        bucket=bucket,
+        **table_key(device, op, implementation, dtype, shape, bucket),
         config=config,
         contract_sha256=contract_sha256,
         stamp=stamp(),
