@@ -168,46 +168,13 @@ def test_sweep_writes_a_verified_table_that_dispatch_uses(tmp_path, monkeypatch,
     sweep.write_text(TINY_SWEEP)
     table = tmp_path / "tuned.json"
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    assert (
-        main(
-            [
-                "sweep",
-                str(sweep),
-                "--table",
-                str(table),
-                "--trials",
-                "3",
-                "--storage",
-                storage,
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "3", "--storage", storage]
+    args += ["--no-progress", "--device", "cpu"]
+    assert main(args) == 0
     assert "softcap_logprob" in capsys.readouterr().out
     entry = json.loads(table.read_text())["entries"][0]
     assert entry["bucket"] == 4 and entry["implementation"] == "triton.fused"
-    # resumable: the same storage continues the study
-    assert (
-        main(
-            [
-                "sweep",
-                str(sweep),
-                "--table",
-                str(table),
-                "--trials",
-                "3",
-                "--storage",
-                storage,
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert main(args) == 0  # resumable: the same storage continues the study
     assert main(["show", "--table", str(table)]) == 0
     assert "triton.fused float32 H=32,V=300 bucket 4" in capsys.readouterr().out
     assert main(["verify", "--table", str(table), "--device", "cpu"]) == 0
