@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
@@ -35,7 +36,10 @@ def strict_declaration() -> dict:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def _backend(name: str, config: str):
+    """(forward, backward) of a backend with its launch config (JSON) bound; memoised, so a
+    call parses no JSON."""
     cfg = json.loads(config) if config else None
     if name == "torch":
         from opcontract.backends.torch import dense_gemm as m
