@@ -89,6 +89,17 @@ def _read_stamp() -> dict[str, str | None]:
     }
 
 
+# The versions that can change what an implementation's config does: its own compiler's and
+# torch's. A Triton entry stays valid when the CUTLASS DSL is installed or upgraded. The
+# driver is recorded, not matched.
+_BACKEND_STAMP = {"triton": ("triton",), "cute": ("cutlass_dsl",)}
+
+
+def stamp_fields(implementation: str) -> tuple[str, ...]:
+    """The stamp fields an entry of ``implementation`` must match."""
+    return ("torch", "opcontract", *_BACKEND_STAMP.get(implementation.split(".")[0], ()))
+
+
 def device_key(device: DeviceInfo) -> tuple[str, list[int] | None]:
     return (
         device.name or device.type,
@@ -178,9 +189,9 @@ class TuningDB:
                 )
                 return None
             stale = {
-                k: (e.stamp.get(k), v)
-                for k, v in now.items()
-                if k != "driver" and e.stamp.get(k) != v
+                k: (e.stamp.get(k), now.get(k))
+                for k in stamp_fields(implementation)
+                if e.stamp.get(k) != now.get(k)
             }
             if stale:
                 _warn_once(
