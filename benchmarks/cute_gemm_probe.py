@@ -259,8 +259,8 @@ def main() -> int:
                         y = cute(x[:M], w, b) if M < x.shape[0] else full
                         yt = tri(x[:M], w, b) if M < x.shape[0] else full_t
                         rec = {
-                            "rel_err": _rel(y, x, w, b),
-                            "rel_err_triton": _rel(yt, x, w, b),
+                            "rel_err": _rel(y, x[:M], w, b),
+                            "rel_err_triton": _rel(yt, x[:M], w, b),
                             "rows_vs_M8192": _diff(y, full[:M]),
                             "vs_triton": _diff(y, yt),
                         }

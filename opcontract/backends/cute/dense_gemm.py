@@ -70,7 +70,8 @@ def _cute_tensor(t: torch.Tensor, leading_dim: int):
     from cutlass.cute.runtime import from_dlpack
 
     align = 16 if t.dim() == 2 else t.element_size()
-    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
+    # DLPack refuses tensors that require grad; the kernel only reads or writes the buffer
+    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
 def _kernel_args(a, b, c, bias, num_ctas):
