@@ -16,7 +16,7 @@ if [ -z "${SKIP_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/.peers${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 SWEEP=opcontract/tuning/sweeps/muse_glimmer.yaml
-TABLE=$OUT/h200.json
+TABLE=${TABLE:-$OUT/h200.json}  # a table outside $OUT (/tmp) carries a sweep to the next call
 [ -f "$TABLE" ] || cp opcontract/tuning/tables/h200.json "$TABLE"
 
 stage() {  # name, seconds, command...
@@ -24,12 +24,13 @@ stage() {  # name, seconds, command...
     shift 2
     echo "== $name (limit ${limit}s)"
     timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.log" | tail -40
+    [ "$TABLE" -ef "$OUT/h200.json" ] || cp "$TABLE" "$OUT/h200.json"
 }
 
 sweep() {  # label, --only filter, trials, seconds per study, stage limit
-    stage "sweep-$1" "$5" python3 -m opcontract.cli.tune sweep $SWEEP --only "$2" \
-        --table "$TABLE" --storage "sqlite:////tmp/tune.db" --trials "$3" --timeout "$4" \
-        --no-progress
+    stage "sweep-$1" "${SWEEP_LIMIT:-$5}" python3 -m opcontract.cli.tune sweep $SWEEP \
+        --only "$2" --table "$TABLE" --storage "sqlite:////tmp/tune.db" --trials "$3" \
+        --timeout "$4" --compile-workers "${COMPILE_WORKERS:-8}" --no-progress
 }
 
 for s in "$@"; do
@@ -48,9 +49,10 @@ for s in "$@"; do
         sweep-ce) sweep ce linear_cross_entropy 16 60 540 ;;
         sweep-gemm) sweep gemm dense_gemm 18 60 540 ;;
         sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
-        tuned) stage tuned 400 python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
+        sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 18 60 540 ;;
+        tuned) stage tuned "${TUNED_LIMIT:-400}" python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
             --out "$OUT/tuned_dispatch_h200.json" ;;
-        cute) stage cute 300 python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
+        cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
 done

@@ -109,6 +109,22 @@ def test_table_round_trip_and_mismatches(tmp_path):
         )
 
 
+def test_an_entry_matches_only_its_own_compilers_versions(tmp_path):
+    c = get_contract("softcap_logprob")
+    key = (CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, c.sha256)
+    other = _entry()  # made where another CUTLASS DSL (or none) was installed
+    other["stamp"]["cutlass_dsl"] = "0.0.1"
+    write_entry(tmp_path / "t.json", other)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TuningDB([tmp_path / "t.json"]).lookup(*key) is not None
+    stale = _entry()
+    stale["stamp"]["triton"] = "0.0.1"
+    write_entry(tmp_path / "s.json", stale)
+    with pytest.warns(UserWarning, match="other versions .*triton"):
+        assert TuningDB([tmp_path / "s.json"]).lookup(*key) is None
+
+
 def test_corrupt_table_is_ignored_with_a_warning(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.warns(UserWarning, match="ignoring tuning table"):
@@ -368,3 +384,73 @@ def test_bad_narrowed_space_exits_1(tmp_path, capsys, space, needle):
     assert main(["sweep", str(sweep), "--table", str(tmp_path / "t.json"), "--no-progress"]) == 1
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_precompile_launches_every_candidate_then_the_sweep_runs(tmp_path, capsys):
+    from opcontract.cli.tune import main
+    from opcontract.tuning.precompile import Job, _launch, grid
+
+    impl = implementation("triton.gemm")
+    space = {
+        "block_m": [16],
+        "block_n": [32, 64],
+        "group_m": [1],
+        "num_warps": [4],
+        "num_stages": [2],
+    }
+    assert [c["block_n"] for c in grid(impl, space)] == [32, 64]
+    job = Job(
+        "dense_gemm",
+        "triton.gemm",
+        "float32",
+        (("K", 64), ("M", 4), ("N", 40)),
+        (),
+        (("block_n", 32),),
+        "cpu",
+    )
+    assert _launch(job) is None
+    bad = Job(**{**job.__dict__, "config": (("block_n", 48),)})  # not a power of two
+    assert "triton.gemm {'block_n': 48}" in _launch(bad)
+
+    sweep = tmp_path / "narrow.yaml"
+    sweep.write_text(
+        """name: pre
+dtypes: [float32]
+ops:
+  - op: dense_gemm
+    implementation: triton.gemm
+    sizes: {N: 40, K: 64}
+    batch: [4]
+    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2]}
+"""
+    )
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "2", "--compile-workers", "2"]
+    assert main([*args, "--no-progress", "--device", "cpu"]) == 0
+    assert "precompile:" not in capsys.readouterr().out  # every candidate launched
+    (entry,) = json.loads(table.read_text())["entries"]  # the narrowed best or the default
+    assert entry["config"]["block_n"] in (32, 64) and entry["median_ms"] > 0
+
+
+def test_an_implementation_this_machine_lacks_is_skipped(tmp_path, capsys, monkeypatch):
+    from opcontract.backends import registry
+    from opcontract.cli.tune import main
+
+    impl = implementation("triton.gemm")
+    lost = dataclasses.replace(impl, available=lambda: "Triton lost for this test")
+    monkeypatch.setitem(registry._REGISTRY, impl.name, lost)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        """name: lacks
+dtypes: [float32]
+ops:
+  - op: dense_gemm
+    implementation: triton.gemm
+    sizes: {N: 40, K: 64}
+    batch: [4]
+"""
+    )
+    table = tmp_path / "t.json"
+    assert main(["sweep", str(sweep), "--table", str(table), "--no-progress"]) == 0
+    assert "skipping triton.gemm: Triton lost for this test" in capsys.readouterr().out
+    assert not table.exists()

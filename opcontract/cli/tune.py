@@ -1,7 +1,7 @@
 """opcontract-tune: offline tuning that cannot change numerics.
 
     opcontract-tune sweep SWEEP.yaml --table TABLE.json [--trials N] [--timeout S] [--storage URL]
-                          [--only OP,...]
+                          [--only OP,...] [--compile-workers N]
     opcontract-tune show [--table TABLE.json]
     opcontract-tune verify [--table TABLE.json]
 
@@ -45,6 +45,7 @@ def _sweep(args) -> int:
             progress=not args.no_progress,
             only=set(args.only.split(",")) if args.only else None,
             on_result=_report,
+            compile_workers=args.compile_workers,
         )
     except (SweepError, OSError) as e:
         print(f"opcontract-tune: {e}", file=sys.stderr)
@@ -122,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--device", choices=("cuda", "cpu"), default=None)
     sw.add_argument("--no-progress", action="store_true")
     sw.add_argument("--only", default=None, help="comma-separated ops or implementations to tune")
+    sw.add_argument(
+        "--compile-workers",
+        type=int,
+        default=0,
+        help="compile every candidate first in this many processes (0: compile as tuned)",
+    )
     for name in ("show", "verify"):
         p = sub.add_parser(name)
         p.add_argument("--table", default=None)

@@ -34,12 +34,20 @@ def make_inputs(
     sizes: dict[str, int] | None = None,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    on_device: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Inputs and params for one case, served in ``dtype``; ``sizes`` overrides case sizes."""
+    """Inputs and params for one case, served in ``dtype``; ``sizes`` overrides case sizes.
+
+    Values are drawn on the CPU in float64 (the same on every machine for a seed) unless
+    ``on_device``: then on ``device`` in float32, for model-sized shapes (a 202048 x 6656
+    weight), still seeded and fresh, but not equal across device types.
+    """
     dims = {**case.sizes, **(sizes or {})}
     params = {n: p.default for n, p in contract.params.items()}
     params.update(case.params)
-    gen = torch.Generator().manual_seed(seed)
+    where = device if on_device else "cpu"
+    gen = torch.Generator(where).manual_seed(seed)
+    floats = torch.float32 if on_device else torch.float64
     out: dict[str, torch.Tensor] = {}
     for name, spec in contract.inputs.items():
         if any(params.get(p) in vals for p, vals in (spec.absent_when or {}).items()):
@@ -50,16 +58,16 @@ def make_inputs(
         dt = dtype if isinstance(spec.dtype, SameAs) or dtype in allowed else allowed[0]
         if spec.values is not None:
             lo, hi = (dims[b] if isinstance(b, str) else b for b in spec.values.range)
-            t = torch.randint(lo, hi, shape, generator=gen)
+            t = torch.randint(lo, hi, shape, generator=gen, device=where)
             sentinel = params.get(spec.values.allow) if spec.values.allow else None
             if sentinel is not None and t.numel():
-                drop = torch.rand(shape, generator=gen) < case.allow_fraction
+                drop = torch.rand(shape, generator=gen, device=where) < case.allow_fraction
                 t = torch.where(drop, torch.full_like(t, sentinel), t)
             out[name] = t.to(DTYPES[dt]).to(device)
         else:
             std = case.std.get(name, 1.0)
             out[name] = (
-                (torch.randn(shape, generator=gen, dtype=torch.float64) * std)
+                (torch.randn(shape, generator=gen, dtype=floats, device=where) * std)
                 .to(DTYPES[dt])
                 .to(device)
             )

@@ -191,12 +191,34 @@ def tune(
         full = {**probe.canonical, **cfg}
         return time_ms(lambda: probe.impl.run(full, **probe.inputs, **probe.params), device)
 
-    study.optimize(objective, n_trials=min(trials, size), timeout=timeout)
+    # a candidate that raises (a launch the GPU refuses) is a failed trial, not the end
+    study.optimize(objective, n_trials=min(trials, size), timeout=timeout, catch=(Exception,))
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not done:
         return None, None, rejected
     best = min(done, key=lambda t: t.value)
     return dict(best.params), best.value, rejected
+
+
+def _precompile(tasks: list, device: str, workers: int, progress: bool) -> None:
+    from opcontract.tuning.precompile import Job, grid, precompile
+
+    jobs = [
+        Job(
+            item.op,
+            item.implementation,
+            dt,
+            tuple(sorted({**item.sizes, get_contract(item.op).conformance.batch_dim: b}.items())),
+            tuple(sorted(item.params.items())),
+            tuple(sorted(cfg.items())),
+            device,
+        )
+        for item, dt, b in tasks
+        if implementation(item.implementation).backend == "triton"  # the one with a disk cache
+        for cfg in grid(implementation(item.implementation), item.space)
+    ]
+    for err in precompile(jobs, workers, progress):
+        print(f"precompile: {err}", flush=True)
 
 
 def run_sweep(
@@ -210,10 +232,14 @@ def run_sweep(
     progress: bool = True,
     only: set[str] | None = None,
     on_result: Callable[[StudyResult], None] | None = None,
+    compile_workers: int = 0,
 ) -> list[StudyResult]:
     """Run every study of the sweep (of the ops in ``only``, if given). As each study ends,
     the fastest of its verified configs and the default goes into ``table`` with its time
-    (the times also let dispatch choose between implementations), and to ``on_result``."""
+    (the times also let dispatch choose between implementations), and to ``on_result``.
+
+    ``compile_workers`` > 0 first compiles every candidate in that many processes, so the
+    studies (one process, timing) load kernels instead of compiling them one by one."""
     from tqdm import tqdm
 
     check_storage(storage)
@@ -221,29 +247,43 @@ def run_sweep(
     items = [i for i in sweep.ops if only is None or i.op in only or i.implementation in only]
     if only is not None and not items:
         raise SweepError(f"--only {sorted(only)} matches no op or implementation of the sweep")
+    missing = {
+        i.implementation: why
+        for i in items
+        if (why := implementation(i.implementation).available()) is not None
+    }
+    for name, why in missing.items():
+        print(f"skipping {name}: {why}", flush=True)
+    items = [i for i in items if i.implementation not in missing]
     tasks = [(item, dt, b) for item in items for dt in sweep.dtypes for b in item.batch]
+    if compile_workers > 0:
+        _precompile(tasks, device, compile_workers, progress)
     results = []
     for item, dt, b in tqdm(tasks, desc=f"tuning {sweep.name}", disable=not progress):
         c = get_contract(item.op)
         impl = implementation(item.implementation)
         sizes = {**item.sizes, c.conformance.batch_dim: b}
-        probe = prepare(impl, c, dt, sizes, device=device, params=item.params)
         # one study per table key: the fixed sizes are part of it (shapes must not share trials)
         shape = shape_key(sizes, c.conformance.batch_dim)
         name = f"{sweep.name}/{item.op}/{impl.name}/{dt}/{shape}/{b}"
-        best, best_ms, rejected = tune(
-            probe,
-            name=name,
-            storage=storage,
-            trials=trials,
-            timeout=timeout,
-            device=device,
-            narrow=item.space,
-        )
-        default_ms = time_ms(
-            lambda probe=probe: probe.impl.run(probe.canonical, **probe.inputs, **probe.params),
-            device,
-        )
+        try:
+            probe = prepare(impl, c, dt, sizes, device=device, params=item.params)
+            best, best_ms, rejected = tune(
+                probe,
+                name=name,
+                storage=storage,
+                trials=trials,
+                timeout=timeout,
+                device=device,
+                narrow=item.space,
+            )
+            default_ms = time_ms(
+                lambda probe=probe: probe.impl.run(probe.canonical, **probe.inputs, **probe.params),
+                device,
+            )
+        except Exception as e:  # the default config itself fails: nothing to write
+            print(f"{name}: failed, no entry: {type(e).__name__}: {e}", flush=True)
+            continue
         if best is None or best_ms >= default_ms:  # the default is (still) the fastest
             best = {k: probe.canonical[k] for k in search_space(impl) if k in probe.canonical}
             best_ms = default_ms

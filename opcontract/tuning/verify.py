@@ -62,7 +62,10 @@ def prepare(
     case = ConformanceCase(
         sizes={**case.sizes, **sizes}, params={**case.params, **(params or {})}, std=case.std
     )
-    inputs, p = make_inputs(contract, case, dtype, seed=seed, device=device)
+    # model-sized inputs are drawn on the GPU: float64 on the host would take seconds each
+    inputs, p = make_inputs(
+        contract, case, dtype, seed=seed, device=device, on_device=str(device) != "cpu"
+    )
     p = with_optional_outputs(contract, p)
     canonical = impl.default_config(CallInfo(_device_info(device), dtype, case.sizes, p))
     return Probe(impl, contract, inputs, p, canonical, _bits(impl, contract, inputs, p, canonical))
