@@ -38,8 +38,8 @@ def test_registered_without_importing_cutlass():
     assert impl.backend == "cute" and impl.op == "dense_gemm"
     assert impl.devices == ("cuda",) and impl.dtypes == ("bfloat16", "float16")
     assert impl.capability == ((9, 0), (9, 0))
-    # not selected by default until it has run on an SM90 GPU: only when asked for
-    assert impl.priority["cuda"] < registry.implementation("triton.gemm").priority["cuda"]
+    # preferred to Triton wherever it can serve (SM90, 16-bit floats, library installed)
+    assert impl.priority["cuda"] > registry.implementation("triton.gemm").priority["cuda"]
     assert registry.declaration_problems(impl, get_contract("dense_gemm")) == []
     if not HAVE_CUTLASS:
         assert "cutlass" not in sys.modules
@@ -49,7 +49,7 @@ def test_rejected_with_a_reason_on_cpu_and_simulated_gpus():
     x, w, b = _xwb()
     with simulate((9, 0), name="H200"):
         r = dispatch.explain("dense_gemm", x, w, b)
-    assert r.implementation == "triton.gemm"
+    assert r.implementation == ("cute.gemm" if HAVE_CUTLASS else "triton.gemm")
     if HAVE_CUTLASS:
         assert "cute.gemm" in r.accepted
     else:
@@ -61,6 +61,19 @@ def test_rejected_with_a_reason_on_cpu_and_simulated_gpus():
     with simulate((9, 0)):
         r = dispatch.explain("dense_gemm", *_xwb(dtype=torch.float32))
     assert "cute.gemm" in r.rejected and r.implementation == "triton.gemm"
+
+
+def test_selected_on_sm90_where_the_library_is_present(monkeypatch):
+    present = dataclasses.replace(_impl(), available=lambda: None)
+    monkeypatch.setitem(registry._REGISTRY, "cute.gemm", present)
+    x, w, b = _xwb()
+    with simulate((9, 0), name="H200"):
+        r = dispatch.explain("dense_gemm", x, w, b)
+        assert r.implementation == "cute.gemm" and "triton.gemm" in r.accepted
+        r = dispatch.explain("dense_gemm", *_xwb(dtype=torch.float32))
+        assert r.implementation == "triton.gemm"  # float32: CuTe declares 16-bit floats only
+    with simulate((10, 0), name="B200"):
+        assert dispatch.explain("dense_gemm", x, w, b).implementation == "triton.gemm"
 
 
 def test_each_constraint_has_its_own_reason():
@@ -179,3 +192,22 @@ def test_cute_backward_close_to_float64():
     ):
         rel = ((got.double() - ref).norm() / ref.norm()).item()
         assert rel <= tol, rel
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("N,K", MUSE_NK)
+def test_cute_and_triton_give_the_same_bits(N, K):
+    """Dispatch may serve one bucket with CuTe and the next with Triton (whichever the
+    tuning table times faster): that is batch-invariant only if their bits are equal."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(300, K, device="cuda", generator=g).bfloat16().requires_grad_(True)
+    w = (torch.randn(N, K, device="cuda", generator=g) * K**-0.5).bfloat16().requires_grad_(True)
+    dy = torch.randn(300, N, device="cuda", generator=g).bfloat16()
+    outs = {}
+    for backend in ("cute", "triton"):
+        y = dispatch.op("dense_gemm", backend=backend)(x, w)
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+        outs[backend] = (y, dx, dw)
+    for name, a, b in zip(("y", "dx", "dw"), outs["cute"], outs["triton"], strict=True):
+        assert torch.equal(a, b), name

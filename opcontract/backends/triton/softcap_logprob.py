@@ -42,8 +42,10 @@ CONFIG_SPACE = {
 
 
 # Decode-sized calls (T <= 64) waste half of a 128-row tile's MMA work: 64-row tiles.
-# block_t, num_warps and programs_per_sm leave every output bit unchanged (verified on the
-# H200: benchmarks/results/softcap_logprob_forward_explore_h200.json).
+# The two canonical tiles, (64 rows, 4 warps) and (128 rows, 8 warps), give the same bits
+# (benchmarks/results/softcap_logprob_forward_explore_h200.json); so do 128 rows on 4 warps
+# and any programs_per_sm. 64 rows on 8 warps does not: the H200 sweep's verification
+# rejected it in every bucket (benchmarks/results/tuning_sweep_h200.json), never timed.
 # Backward: grad_hidden accumulates one vocabulary chunk at a time (the contract's
 # grad_hidden_v block); the gradient GEMMs promote every GEMM_K_BLOCK elements of K too.
 GRAD_CHUNK = 4096
