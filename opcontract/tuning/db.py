@@ -74,19 +74,30 @@ def _read_stamp() -> dict[str, str | None]:
         cutlass = version("nvidia-cutlass-dsl")
     except Exception:
         cutlass = None
-    driver = None
-    if torch.cuda.is_available():
-        with contextlib.suppress(Exception):
-            driver = (
-                str(torch.cuda.driver_version()) if hasattr(torch.cuda, "driver_version") else None
-            )
     return {
         "torch": torch.__version__,
         "triton": triton_version,
         "cutlass_dsl": cutlass,
-        "driver": driver,
         "opcontract": opcontract.__version__,
     }
+
+
+@functools.cache
+def _driver() -> str | None:
+    """The NVIDIA driver version (recorded in written entries, never matched)."""
+    if not torch.cuda.is_available():
+        return None
+    import subprocess
+
+    with contextlib.suppress(Exception):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.split("\n")[0].strip() or None
+    return None
 
 
 # The versions that can change what an implementation's config does: its own compiler's and
@@ -218,7 +229,7 @@ def make_entry(
         **table_key(device, op, implementation, dtype, shape, bucket),
         config=config,
         contract_sha256=contract_sha256,
-        stamp=stamp(),
+        stamp={**stamp(), "driver": _driver()},
         median_ms=median_ms,
     )
 
