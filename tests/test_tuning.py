@@ -360,6 +360,8 @@ ops:
     trials = optuna.load_study(study_name=name, storage=storage).trials
     assert sorted(t.params["block_n"] for t in trials) == [32, 64]  # a grid of two
     assert all(t.params["block_m"] == 16 for t in trials)
+    assert main([*args, "--no-progress", "--device", "cpu"]) == 0  # resumed: grid finished
+    assert len(optuna.load_study(study_name=name, storage=storage).trials) == 2
     (entry,) = json.loads(table.read_text())["entries"]
     assert entry["median_ms"] > 0  # the faster of the narrowed best and the default
 

@@ -117,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         default=str(USER_TABLES / "tuned.json"),
         help="table to write (default: the user table dispatch reads)",
     )
-    sw.add_argument("--trials", type=int, default=20)
+    sw.add_argument(
+        "--trials",
+        type=int,
+        default=20,
+        help="per study, in all: a resumed study runs what is left",
+    )
     sw.add_argument("--timeout", type=float, default=None, help="seconds per study")
     sw.add_argument("--storage", default=None, help="sqlite:///FILE or a journal file path")
     sw.add_argument("--device", choices=("cuda", "cpu"), default=None)

@@ -160,6 +160,7 @@ def tune(
     """One Optuna study over the implementation's space (``narrow``ed per parameter where
     given); (best config, ms, rejected)."""
     import optuna
+    from optuna.trial import TrialState
 
     space = {k: tuple((narrow or {}).get(k, v)) for k, v in search_space(probe.impl).items()}
     size = math.prod(len(v) for v in space.values())
@@ -191,9 +192,14 @@ def tune(
         full = {**probe.canonical, **cfg}
         return time_ms(lambda: probe.impl.run(full, **probe.inputs, **probe.params), device)
 
-    # a candidate that raises (a launch the GPU refuses) is a failed trial, not the end
-    study.optimize(objective, n_trials=min(trials, size), timeout=timeout, catch=(Exception,))
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    # ``trials`` is the study's total: a resumed sweep runs only what an interrupted one left
+    # (a finished grid runs nothing). A candidate that raises (a launch the GPU refuses) is a
+    # failed trial, not the end of the sweep.
+    ended = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    left = min(trials, size) - sum(t.state in ended for t in study.trials)
+    if left > 0:
+        study.optimize(objective, n_trials=left, timeout=timeout, catch=(Exception,))
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     if not done:
         return None, None, rejected
     best = min(done, key=lambda t: t.value)
