@@ -47,9 +47,9 @@ for s in "$@"; do
         # trials cover each narrowed space (the sweep file's `space:`) as a grid
         sweep-head) sweep head softcap_logprob 16 60 540 ;;
         sweep-ce) sweep ce linear_cross_entropy 16 60 540 ;;
-        sweep-gemm) sweep gemm dense_gemm 18 60 540 ;;
+        sweep-gemm) sweep gemm dense_gemm 36 60 540 ;;
         sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
-        sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 18 60 540 ;;
+        sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 36 60 540 ;;
         tuned) stage tuned "${TUNED_LIMIT:-400}" python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
             --out "$OUT/tuned_dispatch_h200.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;

@@ -349,7 +349,8 @@ ops:
     implementation: triton.gemm
     sizes: {N: 40, K: 64}
     batch: [4]
-    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2]}
+    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2],
+            parallel_partials: [false]}
 """
     )
     storage = f"sqlite:///{tmp_path / 'study.db'}"
@@ -399,6 +400,7 @@ def test_precompile_launches_every_candidate_then_the_sweep_runs(tmp_path, capsy
         "group_m": [1],
         "num_warps": [4],
         "num_stages": [2],
+        "parallel_partials": [False],
     }
     assert [c["block_n"] for c in grid(impl, space)] == [32, 64]
     job = Job(
@@ -423,7 +425,8 @@ ops:
     implementation: triton.gemm
     sizes: {N: 40, K: 64}
     batch: [4]
-    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2]}
+    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2],
+            parallel_partials: [false]}
 """
     )
     table = tmp_path / "t.json"

@@ -9,17 +9,30 @@ from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
 from opcontract.backends.triton import interpreting
 
 STEP_K = {"bfloat16": 64, "float16": 64, "float32": 32}
-CONFIG = {"block_m": 128, "block_n": 128, "group_m": 8, "num_warps": 8, "num_stages": 3}
+CONFIG = {
+    "block_m": 128,
+    "block_n": 128,
+    "group_m": 8,
+    "num_warps": 8,
+    "num_stages": 3,
+    "parallel_partials": False,
+}
 INTERPRETER_CONFIG = {"block_m": 32, "block_n": 64}
 # Tile sizes along M and N, launch order and pipelining: none decides a reduction's order
-# (the tuner verifies that bitwise for every candidate).
+# (the tuner verifies that bitwise for every candidate). parallel_partials: the contract's
+# 256-element K partials of a small-M call computed by separate programs (a GEMV streams
+# the weight with every SM), then added in ascending order from zero, as the K loop adds
+# them; used where their float32 planes fit in PARTIALS_BYTES.
 CONFIG_SPACE = {
     "block_m": (16, 32, 64, 128),
     "block_n": (32, 64, 128, 256),
     "group_m": (1, 8),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+    "parallel_partials": (False, True),
 }
+PARTIALS_BYTES = 64 << 20
+ADD_BLOCK = 1024
 
 
 def default_config() -> dict:
@@ -27,35 +40,52 @@ def default_config() -> dict:
 
 
 def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
-    from opcontract.backends.triton.gemm_kernels import _gemm_kernel
+    from opcontract.backends.triton import gemm_kernels as gk
 
     cfg = {**default_config(), **(config or {})}
     step = STEP_K[str(a.dtype).removeprefix("torch.")]
-    grid = (-(-M // cfg["block_m"]) * -(-N // cfg["block_n"]),)
-    _gemm_kernel[grid](
+    chunks = -(-K // K_BLOCK)
+    parallel = cfg.get("parallel_partials") and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
+    out = torch.empty(chunks, M, N, dtype=torch.float32, device=c.device) if parallel else c
+    grid = (-(-M // cfg["block_m"]) * -(-N // cfg["block_n"]), chunks if parallel else 1)
+    gk._gemm_kernel[grid](
         a,
         b,
-        c,
-        bias if bias is not None else c,
+        out,
+        bias if bias is not None and not parallel else out,
         M,
         N,
         K,
         *sa,
         *sb,
-        c.stride(0),
+        N if parallel else c.stride(0),
         1,
+        M * N if parallel else 0,
         0.0,
         ACCUMULATE=False,
-        BIAS=bias is not None,
+        BIAS=bias is not None and not parallel,
         INTERPRET=interpreting(),
         PROMOTE=K_BLOCK // step,
         BLOCK_M=cfg["block_m"],
         BLOCK_N=cfg["block_n"],
         BLOCK_K=step,
         GROUP_M=cfg["group_m"],
+        CHUNK=K_BLOCK if parallel else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if parallel:  # c is contiguous [M, N] here: forward's y or backward's dx
+        gk._add_partials_kernel[(-(-M * N // ADD_BLOCK),)](
+            out,
+            c,
+            bias if bias is not None else out,
+            M * N,
+            N,
+            chunks,
+            M * N,
+            BIAS=bias is not None,
+            BLOCK=ADD_BLOCK,
+        )
 
 
 def forward(x, weight, bias, config=None):
@@ -79,8 +109,9 @@ def backward(dy, x, weight, has_bias, config=None):
     dw = torch.empty_like(weight)
     if M and K:  # dx [M, K] = dy [M, N] @ weight [N, K]
         _gemm(dy, weight, dx, None, M, K, N, (dy.stride(0), 1), (weight.stride(0), 1), config)
-    if N and K:  # dw [N, K] = dy.T [N, M] @ x [M, K]
-        _gemm(dy, x, dw, None, N, K, M, (1, dy.stride(0)), (x.stride(0), 1), config)
+    if N and K:  # dw [N, K] = dy.T [N, M] @ x [M, K]; the token loop stays in one program
+        dw_config = {**(config or {}), "parallel_partials": False}
+        _gemm(dy, x, dw, None, N, K, M, (1, dy.stride(0)), (x.stride(0), 1), dw_config)
     if M == 0:
         dw.zero_()
     db = None

@@ -61,29 +61,41 @@ def _flush_at(k0, K, BLOCK_K: tl.constexpr, PROMOTE: tl.constexpr):
 
 @triton.jit
 def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk,
-                 stride_bn, stride_cm, stride_cn, zero,
+                 stride_bn, stride_cm, stride_cn, stride_cchunk, zero,
                  ACCUMULATE: tl.constexpr, BIAS: tl.constexpr, INTERPRET: tl.constexpr,
                  PROMOTE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr):
+                 GROUP_M: tl.constexpr, CHUNK: tl.constexpr):
     """c = a @ b (+ bias, in float32; ACCUMULATE: c += a @ b, c float32), the K loop
-    ascending, no split."""
+    ascending, no split.
+
+    CHUNK > 0 (a multiple of PROMOTE * BLOCK_K): program (tile, j) computes only K chunk j,
+    as 0 + its promoted partial, into float32 plane j of c (``stride_cchunk`` apart);
+    ``_add_partials_kernel`` then adds the planes in ascending order. Every addition and
+    its order are the sequential loop's.
+    """
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N),
                                 GROUP_M)
+    k_lo = 0
+    k_hi = K
+    if CHUNK > 0:
+        k_lo = tl.program_id(1) * CHUNK
+        k_hi = tl.minimum(K, k_lo + CHUNK)
+        c_ptr += tl.program_id(1).to(tl.int64) * stride_cchunk
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    ks64 = ks.to(tl.int64)
+    ks64 = ks.to(tl.int64) + k_lo
     a_ptrs = a_ptr + (rm % M).to(tl.int64)[:, None] * stride_am + ks64[None, :] * stride_ak
     b_ptrs = b_ptr + ks64[:, None] * stride_bk + (rn % N).to(tl.int64)[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     fresh = acc + zero
     part = fresh
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + ks) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = (k0 + ks) < k_hi
         a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        acc, part = _dot_block(a, b, acc, part, fresh, _flush_at(k0, K, BLOCK_K, PROMOTE),
+        acc, part = _dot_block(a, b, acc, part, fresh, _flush_at(k0, k_hi, BLOCK_K, PROMOTE),
                                INTERPRET, PROMOTE)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -94,3 +106,18 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
     if ACCUMULATE:  # a chunk's partial added to a float32 buffer
         acc = tl.load(c_ptrs, mask=c_mask, other=0.0) + acc
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _add_partials_kernel(parts_ptr, c_ptr, bias_ptr, total, N, n_chunks, stride_chunk,
+                         BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the sequential
+    GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in range(0, n_chunks):
+        acc += tl.load(parts_ptr + j * stride_chunk + offs, mask=ok, other=0.0)
+    if BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)

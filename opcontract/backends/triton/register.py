@@ -131,6 +131,10 @@ register(
     config_space=dg.CONFIG_SPACE,
     default_config=lambda call: dg.default_config(),
     **gemm_op.strict_declaration(),
-    summary="tiled GEMM, K in 256-element promoted partials, no split-K, bias in float32",
+    summary=(
+        "tiled GEMM, K in 256-element promoted partials added in ascending order (by the "
+        "K loop, or by a second pass over partials computed in parallel), no split-K, "
+        "bias in float32"
+    ),
     **_TRITON,
 )

@@ -247,6 +247,7 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         *sa,
         *sb,
         *sc,
+        0,
         0.0,
         ACCUMULATE=accumulate,
         BIAS=False,
@@ -256,6 +257,7 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         BLOCK_N=cfg["block_n"],
         BLOCK_K=block_k,
         GROUP_M=cfg["group_m"],
+        CHUNK=0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
