@@ -459,3 +459,45 @@ ops:
     assert main(["sweep", str(sweep), "--table", str(table), "--no-progress"]) == 0
     assert "skipping triton.gemm: Triton lost for this test" in capsys.readouterr().out
     assert not table.exists()
+
+
+@pytest.mark.parametrize("equal", [True, False])
+def test_only_implementations_with_equal_bits_share_a_calls_table(
+    tmp_path, capsys, monkeypatch, equal
+):
+    """Dispatch serves each bucket with the fastest tabled implementation; the sweep gives an
+    entry only to implementations bitwise equal to the call's first one."""
+    from opcontract.backends import registry
+    from opcontract.cli.tune import main
+
+    gemm = implementation("triton.gemm")
+
+    def run(config, **kw):
+        y = gemm.run(config, **kw)
+        return y if equal else y * (1 + 2**-7)  # another rounding: other bits
+
+    monkeypatch.setitem(
+        registry._REGISTRY, "triton.twin", dataclasses.replace(gemm, name="triton.twin", run=run)
+    )
+    item = """  - op: dense_gemm
+    implementation: {impl}
+    sizes: {{N: 40, K: 64}}
+    batch: [4]
+    space: {{block_m: [16], block_n: [32], group_m: [1], num_warps: [4], num_stages: [2],
+            parallel_partials: [false]}}
+"""
+    sweep = tmp_path / "two.yaml"
+    sweep.write_text(
+        "name: two\ndtypes: [float32]\nops:\n"
+        + item.format(impl="triton.gemm")
+        + item.format(impl="triton.twin")
+    )
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "1", "--no-progress"]
+    assert main([*args, "--device", "cpu"]) == 0
+    tabled = {e["implementation"] for e in json.loads(table.read_text())["entries"]}
+    if equal:
+        assert tabled == {"triton.gemm", "triton.twin"}
+    else:
+        assert tabled == {"triton.gemm"}
+        assert "bits differ from triton.gemm's: no entry" in capsys.readouterr().out

@@ -21,7 +21,9 @@ from opcontract.tuning.db import USER_TABLES, TuningDB, table_paths
 def _report(r) -> None:
     moved = sorted({k for _, ks in r.rejected for k in ks})
     speed = "no verified config"
-    if r.best:
+    if r.unequal_to:
+        speed = f"bits differ from {r.unequal_to}'s: no entry"
+    elif r.best:
         speed = f"{r.best_ms:.4g} ms vs default {r.default_ms:.4g} ms"
     print(
         f"{r.op:22s} {r.implementation:16s} {r.dtype:9s} batch {r.bucket:6d}: {speed}; "
