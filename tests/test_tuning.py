@@ -498,6 +498,11 @@ def test_only_implementations_with_equal_bits_share_a_calls_table(
     tabled = {e["implementation"] for e in json.loads(table.read_text())["entries"]}
     if equal:
         assert tabled == {"triton.gemm", "triton.twin"}
+        assert main(["verify", "--table", str(table), "--device", "cpu"]) == 0
     else:
         assert tabled == {"triton.gemm"}
         assert "bits differ from triton.gemm's: no entry" in capsys.readouterr().out
+        (entry,) = json.loads(table.read_text())["entries"]  # a table written elsewhere
+        write_entry(table, {**entry, "implementation": "triton.twin"})
+        assert main(["verify", "--table", str(table), "--device", "cpu"]) == 1
+        assert "tabled for the same call" in capsys.readouterr().out

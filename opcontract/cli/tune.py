@@ -76,31 +76,45 @@ def _show(args) -> int:
 
 
 def _verify(args) -> int:
+    """Each entry's config against its canonical config, and the implementations tabled for
+    one call against each other (dispatch may switch between them per bucket)."""
     from opcontract.backends.registry import implementation
     from opcontract.contracts import get_contract
     from opcontract.tuning.db import device_key
-    from opcontract.tuning.verify import _device_info, verify_config
+    from opcontract.tuning.sweep import _same_bits
+    from opcontract.tuning.verify import _device_info, check, prepare
 
     device = args.device or ("cuda" if _cuda() else "cpu")
     here = device_key(_device_info(device))
     bad = checked = 0
-    for e in _db(args).entries:
+    first = None  # (call, implementation, canonical bits)
+    entries = [e for e in _db(args).entries if (e.key["gpu"], e.key["capability"]) == here]
+    for e in sorted(entries, key=lambda e: [str(e.key[f]) for f in _CALL]):
         k = e.key
-        if (k["gpu"], k["capability"]) != here:
-            continue
         c = get_contract(k["op"])
         fixed = dict(kv.split("=") for kv in k["shape"].split(",") if kv)
         sizes = {**{s: int(v) for s, v in fixed.items()}, c.conformance.batch_dim: k["bucket"]}
-        verdict = verify_config(
-            implementation(k["implementation"]), c, k["dtype"], sizes, e.config, device=device
-        )
+        probe = prepare(implementation(k["implementation"]), c, k["dtype"], sizes, device=device)
+        call = tuple(k[f] for f in _CALL)
+        if first is None or first[0] != call:
+            first = (call, k["implementation"], probe.bits)
+        verdict = check(probe, e.config)
+        why = None
+        if e.contract_sha256 != c.sha256:
+            why = "contract changed since tuning"
+        elif not verdict.ok:
+            why = verdict.detail
+        elif not _same_bits(first[2], probe.bits):
+            why = f"bits differ from {first[1]}'s, tabled for the same call"
         checked += 1
-        if not verdict.ok or e.contract_sha256 != c.sha256:
+        if why:
             bad += 1
-            why = verdict.detail or "contract changed since tuning"
             print(f"FAIL {e.describe()}: {why}")
     print(f"verified {checked - bad} of {checked} entries for {here[0]}")
     return 1 if bad else 0
+
+
+_CALL = ("op", "dtype", "shape", "bucket")
 
 
 def _cuda() -> bool:
