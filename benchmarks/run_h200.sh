@@ -5,7 +5,7 @@
 #   OUT=/some/dir OPCONTRACT_COMMIT=$(git rev-parse --short HEAD) \
 #       bash benchmarks/run_h200.sh tests memory gemm sweep-head tuned
 #
-# Wheels for what the GPU image lacks (pydantic, optuna, tqdm, liger-kernel, ...) are
+# Wheels for what the GPU image lacks (pydantic, optuna, tqdm, liger-kernel, pytest-xdist) are
 # expected in .whl/; batch_invariant_ops (the dense_gemm peer) in .peers/ if wanted.
 # Each stage has its own time limit and writes its log and JSON under $OUT.
 set -uo pipefail
@@ -35,7 +35,10 @@ sweep() {  # label, --only filter, trials, seconds per study, stage limit
 
 for s in "$@"; do
     case $s in
-        tests) stage tests 420 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
+        tests)  # pytest-xdist (a wheel in .whl) compiles the kernels of several tests at once
+            workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
+            stage tests "${TESTS_LIMIT:-420}" python3 -m pytest -q -m gpu tests/ \
+                -p no:cacheprovider $workers ;;
         memory) stage memory 300 python3 benchmarks/memory_bound_ops.py --rep-ms 100 \
             --out "$OUT/memory_bound_ops_h200.json" ;;
         gemm) stage gemm 240 python3 benchmarks/dense_gemm.py --out "$OUT/dense_gemm_h200.json" ;;
