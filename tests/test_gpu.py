@@ -40,3 +40,21 @@ def test_rows_bitwise_equal_across_batch_sizes_on_gpu():
         assert torch.equal(slp(h[idx], w, t[idx], multiplier=0.196, softcap=20.0), full[idx]), n
     ref = reference(h[:64], w, t[:64], multiplier=0.196, softcap=20.0)
     assert ((full[:64].double() - ref).norm() / ref.norm()).item() < 2e-6
+
+
+@pytest.mark.parametrize("N,K", [(8704, 6656), (6656, 4096), (39936, 6656), (6656, 19968)])
+def test_parallel_partials_bitwise_on_muse_shapes(N, K):
+    """triton.gemm's parallel K partials against its K loop, decode batch sizes, bf16."""
+    from opcontract.backends.registry import implementation
+
+    impl = implementation("triton.gemm")
+    base = impl.default_config(None)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = (torch.randn(N, K, device="cuda", generator=g) * K**-0.5).bfloat16()
+    b = torch.randn(N, device="cuda", generator=g).bfloat16()
+    for M in (1, 3, 16):
+        x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        for cfg in ({"block_m": 16, "block_n": 64, "num_warps": 4}, {}):
+            seq = impl.run({**base, **cfg}, x=x, weight=w, bias=b)
+            par = impl.run({**base, **cfg, "parallel_partials": True}, x=x, weight=w, bias=b)
+            assert torch.equal(seq, par), (M, cfg)
