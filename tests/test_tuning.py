@@ -335,24 +335,26 @@ def test_fastest_tuned_implementation_serves(tmp_path, monkeypatch):
     )
 
 
+def _gemm_sweep(path, name, impls=("triton.gemm",), block_n="[32, 64]"):
+    """A one-call dense_gemm sweep file (float32, M = 4) over a narrowed space."""
+    item = """  - op: dense_gemm
+    implementation: {impl}
+    sizes: {{N: 40, K: 64}}
+    batch: [4]
+    space: {{block_m: [16], block_n: {block_n}, group_m: [1], num_warps: [4], num_stages: [2],
+            parallel_partials: [false]}}
+"""
+    items = "".join(item.format(impl=i, block_n=block_n) for i in impls)
+    path.write_text(f"name: {name}\ndtypes: [float32]\nops:\n{items}")
+    return path
+
+
 def test_a_sweep_item_narrows_the_space(tmp_path, capsys):
     import optuna
 
     from opcontract.cli.tune import main
 
-    sweep = tmp_path / "narrow.yaml"
-    sweep.write_text(
-        """name: narrow
-dtypes: [float32]
-ops:
-  - op: dense_gemm
-    implementation: triton.gemm
-    sizes: {N: 40, K: 64}
-    batch: [4]
-    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2],
-            parallel_partials: [false]}
-"""
-    )
+    sweep = _gemm_sweep(tmp_path / "narrow.yaml", "narrow")
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     table = tmp_path / "t.json"
     args = ["sweep", str(sweep), "--table", str(table), "--trials", "5", "--storage", storage]
@@ -416,19 +418,7 @@ def test_precompile_launches_every_candidate_then_the_sweep_runs(tmp_path, capsy
     bad = Job(**{**job.__dict__, "config": (("block_n", 48),)})  # not a power of two
     assert "triton.gemm {'block_n': 48}" in _launch(bad)
 
-    sweep = tmp_path / "narrow.yaml"
-    sweep.write_text(
-        """name: pre
-dtypes: [float32]
-ops:
-  - op: dense_gemm
-    implementation: triton.gemm
-    sizes: {N: 40, K: 64}
-    batch: [4]
-    space: {block_m: [16], block_n: [32, 64], group_m: [1], num_warps: [4], num_stages: [2],
-            parallel_partials: [false]}
-"""
-    )
+    sweep = _gemm_sweep(tmp_path / "pre.yaml", "pre")
     table = tmp_path / "t.json"
     args = ["sweep", str(sweep), "--table", str(table), "--trials", "2", "--compile-workers", "2"]
     assert main([*args, "--no-progress", "--device", "cpu"]) == 0
@@ -444,17 +434,7 @@ def test_an_implementation_this_machine_lacks_is_skipped(tmp_path, capsys, monke
     impl = implementation("triton.gemm")
     lost = dataclasses.replace(impl, available=lambda: "Triton lost for this test")
     monkeypatch.setitem(registry._REGISTRY, impl.name, lost)
-    sweep = tmp_path / "s.yaml"
-    sweep.write_text(
-        """name: lacks
-dtypes: [float32]
-ops:
-  - op: dense_gemm
-    implementation: triton.gemm
-    sizes: {N: 40, K: 64}
-    batch: [4]
-"""
-    )
+    sweep = _gemm_sweep(tmp_path / "s.yaml", "lacks")
     table = tmp_path / "t.json"
     assert main(["sweep", str(sweep), "--table", str(table), "--no-progress"]) == 0
     assert "skipping triton.gemm: Triton lost for this test" in capsys.readouterr().out
@@ -479,19 +459,7 @@ def test_only_implementations_with_equal_bits_share_a_calls_table(
     monkeypatch.setitem(
         registry._REGISTRY, "triton.twin", dataclasses.replace(gemm, name="triton.twin", run=run)
     )
-    item = """  - op: dense_gemm
-    implementation: {impl}
-    sizes: {{N: 40, K: 64}}
-    batch: [4]
-    space: {{block_m: [16], block_n: [32], group_m: [1], num_warps: [4], num_stages: [2],
-            parallel_partials: [false]}}
-"""
-    sweep = tmp_path / "two.yaml"
-    sweep.write_text(
-        "name: two\ndtypes: [float32]\nops:\n"
-        + item.format(impl="triton.gemm")
-        + item.format(impl="triton.twin")
-    )
+    sweep = _gemm_sweep(tmp_path / "two.yaml", "two", ("triton.gemm", "triton.twin"), "[32]")
     table = tmp_path / "t.json"
     args = ["sweep", str(sweep), "--table", str(table), "--trials", "1", "--no-progress"]
     assert main([*args, "--device", "cpu"]) == 0
