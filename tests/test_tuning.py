@@ -474,3 +474,26 @@ def test_only_implementations_with_equal_bits_share_a_calls_table(
         write_entry(table, {**entry, "implementation": "triton.twin"})
         assert main(["verify", "--table", str(table), "--device", "cpu"]) == 1
         assert "tabled for the same call" in capsys.readouterr().out
+
+
+def test_train_objective_times_forward_and_backward(tmp_path):
+    from opcontract.cli.tune import main
+    from opcontract.tuning.sweep import workload
+    from opcontract.tuning.verify import prepare
+
+    impl = implementation("triton.gemm")
+    c = get_contract("dense_gemm")
+    probe = prepare(impl, c, "float32", {"M": 4, "N": 40, "K": 64})
+    grads = workload(probe, "train")(probe.canonical)()
+    assert [tuple(g.shape) for g in grads] == [(4, 64), (40, 64), (40,)]  # x, weight, bias
+    assert all(g.abs().sum() > 0 for g in grads)
+    assert workload(probe, "forward")(probe.canonical)().shape == (4, 40)
+
+    sweep = _gemm_sweep(tmp_path / "train.yaml", "train")
+    text = sweep.read_text().replace("    batch: [4]\n", "    batch: [4]\n    objective: train\n")
+    sweep.write_text(text)
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "2", "--no-progress"]
+    assert main([*args, "--device", "cpu"]) == 0
+    (entry,) = json.loads(table.read_text())["entries"]
+    assert entry["median_ms"] > 0

@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opcontract.backends.registry import implementation
+from opcontract.conformance.checks import named_outputs
 from opcontract.contracts import get_contract
 from opcontract.tuning.db import bucket_of, make_entry, shape_key, write_entry
 from opcontract.tuning.space import search_space
@@ -41,6 +42,10 @@ class SweepOp(_Strict):
     space: dict[str, list[Any]] | None = Field(
         default=None,
         description="a narrower search: per parameter, a subset of the declared values",
+    )
+    objective: Literal["forward", "train"] = Field(
+        default="forward",
+        description="what is timed: the forward call, or forward and backward (training)",
     )
 
 
@@ -119,6 +124,37 @@ def _storage(storage: str | None):
     return JournalStorage(JournalFileBackend(storage))  # several GPUs can share one journal
 
 
+def workload(probe: Probe, objective: str = "forward") -> Callable[[dict], Callable[[], Any]]:
+    """config -> the call to time: the forward, or (``train``) the forward and the backward
+    of its differentiable outputs into the contract's gradient inputs, with fixed upstream
+    gradients and leaves made once (no copies inside the timed call)."""
+    c = probe.contract
+    if objective == "forward" or not c.grads:
+        return lambda cfg: lambda: probe.impl.run(cfg, **probe.inputs, **probe.params)
+    leaves = {
+        k: (v.detach().clone().requires_grad_(True) if k in c.grads and v is not None else v)
+        for k, v in probe.inputs.items()
+    }
+    wrt = [leaves[k] for k in c.grads if leaves[k] is not None]
+    with torch.no_grad():
+        outs = named_outputs(c, probe.impl.run(probe.canonical, **probe.inputs, **probe.params))
+    diff = [n for n, o in c.outputs.items() if o.differentiable and n in outs]
+    gen = torch.Generator(outs[diff[0]].device).manual_seed(7)
+    ups = [
+        torch.randn(outs[n].shape, generator=gen, device=outs[n].device).to(outs[n].dtype)
+        for n in diff
+    ]
+
+    def train(cfg):
+        def step():
+            o = named_outputs(c, probe.impl.run(cfg, **leaves, **probe.params))
+            return torch.autograd.grad([o[n] for n in diff], wrt, ups)
+
+        return step
+
+    return train
+
+
 def time_ms(fn, device: str) -> float:
     """Median time of ``fn`` in milliseconds."""
     if device == "cuda":
@@ -183,6 +219,7 @@ def tune(
     timeout: float | None,
     device: str,
     narrow: dict[str, list] | None = None,
+    objective: str = "forward",
 ) -> tuple[dict | None, float | None, list]:
     """One Optuna study over the implementation's space (``narrow``ed per parameter where
     given); (best config, ms, rejected)."""
@@ -205,6 +242,7 @@ def tune(
         load_if_exists=True,
     )
     rejected: list = []
+    work = workload(probe, objective)
     canonical = {k: probe.canonical[k] for k in space if probe.canonical.get(k) in space[k]}
     if len(canonical) == len(space) and not study.trials:
         study.enqueue_trial(canonical)  # the default is always a candidate
@@ -217,7 +255,7 @@ def tune(
             rejected.append((cfg, verdict.moved))
             raise optuna.TrialPruned()
         full = {**probe.canonical, **cfg}
-        return time_ms(lambda: probe.impl.run(full, **probe.inputs, **probe.params), device)
+        return time_ms(work(full), device)
 
     # ``trials`` is the study's total: a resumed sweep runs only what an interrupted one left
     # (a finished grid runs nothing). A candidate that raises (a launch the GPU refuses) is a
@@ -333,11 +371,9 @@ def run_sweep(
                 timeout=timeout,
                 device=device,
                 narrow=item.space,
+                objective=item.objective,
             )
-            default_ms = time_ms(
-                lambda probe=probe: probe.impl.run(probe.canonical, **probe.inputs, **probe.params),
-                device,
-            )
+            default_ms = time_ms(workload(probe, item.objective)(probe.canonical), device)
         except Exception as e:  # the default config itself fails: nothing to write
             print(f"{name}: failed, no entry: {type(e).__name__}: {e}", flush=True)
             continue
