@@ -4,7 +4,8 @@
         --table opcontract/tuning/tables/h200.json --out results.json
 
 For every (op, implementation, dtype, batch) of the sweep that has an entry in the table:
-the median time with the default config and with the tuned one (same fresh inputs), a
+the median time with the default config and with the tuned one (same fresh inputs; forward,
+or forward and backward where the sweep item's objective is ``train``), a
 bitwise check that both give the same outputs and gradients, and the entry that dispatch
 names in its provenance when the table is on the tuning path.
 """
@@ -26,7 +27,7 @@ from opcontract.backends.registry import implementation  # noqa: E402
 from opcontract.contracts import get_contract  # noqa: E402
 from opcontract.dispatch.device import device_of  # noqa: E402
 from opcontract.tuning import db  # noqa: E402
-from opcontract.tuning.sweep import load_sweep, time_ms  # noqa: E402
+from opcontract.tuning.sweep import load_sweep, time_ms, workload  # noqa: E402
 from opcontract.tuning.verify import check, prepare  # noqa: E402
 
 
@@ -63,12 +64,9 @@ def main() -> int:
                     continue
                 probe = prepare(impl, c, dt, sizes, device=args.device, params=item.params)
                 tuned = {**probe.canonical, **entry.config}
-
-                def run(cfg, probe=probe):
-                    return probe.impl.run(cfg, **probe.inputs, **probe.params)
-
-                default_ms = time_ms(lambda: run(probe.canonical), args.device)  # noqa: B023
-                tuned_ms = time_ms(lambda: run(tuned), args.device)  # noqa: B023
+                work = workload(probe, item.objective)  # what the sweep timed
+                default_ms = time_ms(work(probe.canonical), args.device)
+                tuned_ms = time_ms(work(tuned), args.device)
                 verdict = check(probe, entry.config)
                 dispatch.op(item.op, backend=impl.name)(**probe.inputs, **probe.params)
                 prov = dispatch.last_provenance()
@@ -78,6 +76,7 @@ def main() -> int:
                         "implementation": impl.name,
                         "dtype": dt,
                         "sizes": sizes,
+                        "objective": item.objective,
                         "default_config": probe.canonical,
                         "tuned_config": entry.config,
                         "default_ms": default_ms,
