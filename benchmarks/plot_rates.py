@@ -20,6 +20,43 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def draw_panels(
+    panels: dict[str, dict[str, list[tuple[float, float]]]],
+    dst: str,
+    *,
+    xlabel: dict[str, str],
+    ylabel: str,
+    title: str,
+    cols: int,
+    panel_size: tuple[float, float] = (5, 3.6),
+    legend_size: int = 7,
+    hline: float | None = None,
+) -> None:
+    """One panel per key of ``panels`` (x on a log2 axis labelled ``xlabel[key]``), one line
+    per series of (x, y) points; written to ``dst``."""
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False
+    )
+    for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
+        for label, pts in series.items():
+            pts.sort()
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
+        if hline is not None:
+            ax.axhline(hline, color="grey", linewidth=0.8)
+        ax.set_title(name, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel[name])
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=100)
+
+
 def main(src: str, dst: str) -> int:
     data = json.loads(open(src).read())
     gemm = data["benchmark"] == "dense_gemm"
@@ -28,29 +65,16 @@ def main(src: str, dst: str) -> int:
     for r in data["rows"]:
         if r.get(key) is not None and r.get("mode") == "forward":
             panels[r["kernel"]][r["provider"]].append((r["x"], r[key]))
-    cols = 2 if gemm else 3
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax, (kernel, series) in zip(axes.flat, panels.items(), strict=False):
-        for provider, pts in series.items():
-            pts.sort()
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=provider)
-        ax.set_title(kernel, fontsize=9)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(data["rows"][0]["x_name"])
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
     env = data["env"]
-    fig.suptitle(
-        f"{data['benchmark']} forward on {env['gpu']} (torch {env['torch']}, "
+    draw_panels(
+        panels,
+        dst,
+        xlabel={k: data["rows"][0]["x_name"] for k in panels},
+        ylabel=ylabel,
+        title=f"{data['benchmark']} forward on {env['gpu']} (torch {env['torch']}, "
         f"Triton {env['triton']}, commit {env.get('opcontract_commit')})",
-        fontsize=10,
+        cols=2 if gemm else 3,
     )
-    fig.tight_layout()
-    fig.savefig(dst, dpi=100)
     return 0
 
 
