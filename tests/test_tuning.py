@@ -393,7 +393,8 @@ def test_bad_narrowed_space_exits_1(tmp_path, capsys, space, needle):
 
 def test_precompile_launches_every_candidate_then_the_sweep_runs(tmp_path, capsys):
     from opcontract.cli.tune import main
-    from opcontract.tuning.precompile import Job, _launch, grid
+    from opcontract.tuning.precompile import Job, _launch
+    from opcontract.tuning.space import candidates
 
     impl = implementation("triton.gemm")
     space = {
@@ -404,7 +405,7 @@ def test_precompile_launches_every_candidate_then_the_sweep_runs(tmp_path, capsy
         "num_stages": [2],
         "parallel_partials": [False],
     }
-    assert [c["block_n"] for c in grid(impl, space)] == [32, 64]
+    assert [c["block_n"] for c in candidates(impl, {}, space)] == [32, 64]
     job = Job(
         "dense_gemm",
         "triton.gemm",

@@ -81,8 +81,7 @@ def _verify(args) -> int:
     from opcontract.backends.registry import implementation
     from opcontract.contracts import get_contract
     from opcontract.tuning.db import device_key
-    from opcontract.tuning.sweep import _same_bits
-    from opcontract.tuning.verify import _device_info, check, prepare
+    from opcontract.tuning.verify import _device_info, check, prepare, same_bits
 
     device = args.device or ("cuda" if _cuda() else "cpu")
     here = device_key(_device_info(device))
@@ -104,7 +103,7 @@ def _verify(args) -> int:
             why = "contract changed since tuning"
         elif not verdict.ok:
             why = verdict.detail
-        elif not _same_bits(first[2], probe.bits):
+        elif not same_bits(first[2], probe.bits):
             why = f"bits differ from {first[1]}'s, tabled for the same call"
         checked += 1
         if why:

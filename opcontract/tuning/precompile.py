@@ -9,17 +9,12 @@ they compute is kept, verified or timed.
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from opcontract.backends.registry import CallInfo, implementation
-from opcontract.conformance.checks import with_optional_outputs
-from opcontract.conformance.inputs import make_inputs
+from opcontract.backends.registry import implementation
 from opcontract.contracts import get_contract
-from opcontract.contracts.schema import ConformanceCase
-from opcontract.tuning.space import search_space
 
 
 @dataclass(frozen=True)
@@ -33,37 +28,26 @@ class Job:
     device: str
 
 
-def grid(impl, narrow: dict | None) -> list[dict]:
-    """Every config of the (narrowed) search space."""
-    space = {k: list((narrow or {}).get(k, v)) for k, v in search_space(impl).items()}
-    keys = sorted(space)
-    return [dict(zip(keys, vs, strict=True)) for vs in itertools.product(*(space[k] for k in keys))]
-
-
-_last: tuple = (None, None)  # one worker's inputs for its previous job's shapes
+_last: tuple = (None, None)  # one worker's inputs (and canonical config) of its last call
 
 
 def _launch(job: Job) -> str | None:
     """Run one candidate once, forward and backward; the error text if it failed."""
     global _last
-    from opcontract.tuning.verify import _bits, _device_info
+    from opcontract.tuning.verify import _bits, call_inputs
 
     c = get_contract(job.op)
     impl = implementation(job.implementation)
-    key = (job.op, job.dtype, job.sizes, job.params, job.device)
+    key = (job.op, job.implementation, job.dtype, job.sizes, job.params, job.device)
     if _last[0] != key:
         _last = (None, None)  # free the previous shapes first
-        case = c.conformance.cases[0]
-        case = ConformanceCase(
-            sizes={**case.sizes, **dict(job.sizes)},
-            params={**case.params, **dict(job.params)},
-            std=case.std,
+        _last = (
+            key,
+            call_inputs(
+                impl, c, job.dtype, dict(job.sizes), device=job.device, params=dict(job.params)
+            ),
         )
-        inputs, p = make_inputs(c, case, job.dtype, device=job.device, on_device=True)
-        p = with_optional_outputs(c, p)
-        _last = (key, (inputs, p, case.sizes))
-    inputs, p, sizes = _last[1]
-    base = impl.default_config(CallInfo(_device_info(job.device), job.dtype, sizes, p))
+    inputs, p, base = _last[1]
     try:
         _bits(impl, c, inputs, p, {**base, **dict(job.config)})
     except Exception as e:  # the study will meet (and report) the same failure

@@ -25,8 +25,8 @@ from opcontract.backends.registry import implementation
 from opcontract.conformance.checks import named_outputs
 from opcontract.contracts import get_contract
 from opcontract.tuning.db import bucket_of, make_entry, shape_key, write_entry
-from opcontract.tuning.space import search_space
-from opcontract.tuning.verify import Probe, _device_info, check, prepare
+from opcontract.tuning.space import candidates, search_space
+from opcontract.tuning.verify import Probe, _device_info, check, prepare, same_bits
 
 
 class _Strict(BaseModel):
@@ -203,13 +203,6 @@ def _by_call(tasks: list) -> list:
     return [t for g in groups.values() for t in g]
 
 
-def _same_bits(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
-        for x, y in zip(a, b, strict=True)
-    )
-
-
 def tune(
     probe: Probe,
     *,
@@ -219,14 +212,15 @@ def tune(
     timeout: float | None,
     device: str,
     narrow: dict[str, list] | None = None,
-    objective: str = "forward",
+    work: Callable[[dict], Callable[[], Any]] | None = None,
 ) -> tuple[dict | None, float | None, list]:
     """One Optuna study over the implementation's space (``narrow``ed per parameter where
-    given); (best config, ms, rejected)."""
+    given), timing ``work`` (default: the forward; see :func:`workload`); (best config, ms,
+    rejected)."""
     import optuna
     from optuna.trial import TrialState
 
-    space = {k: tuple((narrow or {}).get(k, v)) for k, v in search_space(probe.impl).items()}
+    space = search_space(probe.impl, narrow)
     size = math.prod(len(v) for v in space.values())
     sampler = (
         optuna.samplers.GridSampler({k: list(v) for k, v in space.items()}, seed=0)
@@ -242,7 +236,7 @@ def tune(
         load_if_exists=True,
     )
     rejected: list = []
-    work = workload(probe, objective)
+    work = work or workload(probe)
     canonical = {k: probe.canonical[k] for k in space if probe.canonical.get(k) in space[k]}
     if len(canonical) == len(space) and not study.trials:
         study.enqueue_trial(canonical)  # the default is always a candidate
@@ -272,7 +266,7 @@ def tune(
 
 
 def _precompile(tasks: list, device: str, workers: int, progress: bool) -> None:
-    from opcontract.tuning.precompile import Job, grid, precompile
+    from opcontract.tuning.precompile import Job, precompile
 
     jobs = [
         Job(
@@ -286,7 +280,7 @@ def _precompile(tasks: list, device: str, workers: int, progress: bool) -> None:
         )
         for item, dt, b in tasks
         if implementation(item.implementation).backend == "triton"  # the one with a disk cache
-        for cfg in grid(implementation(item.implementation), item.space)
+        for cfg in candidates(implementation(item.implementation), {}, item.space)
     ]
     for err in precompile(jobs, workers, progress):
         print(f"precompile: {err}", flush=True)
@@ -350,7 +344,7 @@ def run_sweep(
             probe = prepare(impl, c, dt, sizes, device=device, params=item.params)
             if first is None:
                 first = (call, impl.name, probe.bits)
-            elif not _same_bits(first[2], probe.bits):
+            elif not same_bits(first[2], probe.bits):
                 # dispatch serves each bucket with the fastest tabled implementation: only
                 # implementations whose bits agree may share a call's table
                 print(
@@ -363,6 +357,7 @@ def run_sweep(
                 if on_result is not None:
                     on_result(results[-1])
                 continue
+            work = workload(probe, item.objective)
             best, best_ms, rejected = tune(
                 probe,
                 name=name,
@@ -371,9 +366,9 @@ def run_sweep(
                 timeout=timeout,
                 device=device,
                 narrow=item.space,
-                objective=item.objective,
+                work=work,
             )
-            default_ms = time_ms(workload(probe, item.objective)(probe.canonical), device)
+            default_ms = time_ms(work(probe.canonical), device)
         except Exception as e:  # the default config itself fails: nothing to write
             print(f"{name}: failed, no entry: {type(e).__name__}: {e}", flush=True)
             continue

@@ -48,7 +48,7 @@ class Probe:
     bits: list
 
 
-def prepare(
+def call_inputs(
     impl: Implementation,
     contract: Contract,
     dtype: str,
@@ -57,7 +57,9 @@ def prepare(
     device: str = "cpu",
     params: dict | None = None,
     seed: int = 0,
-) -> Probe:
+) -> tuple[dict, dict, dict]:
+    """Fresh inputs for one call shape (the contract's first case, resized), its params with
+    every optional output asked for, and the implementation's canonical config."""
     case = contract.conformance.cases[0]
     case = ConformanceCase(
         sizes={**case.sizes, **sizes}, params={**case.params, **(params or {})}, std=case.std
@@ -68,15 +70,40 @@ def prepare(
     )
     p = with_optional_outputs(contract, p)
     canonical = impl.default_config(CallInfo(_device_info(device), dtype, case.sizes, p))
+    return inputs, p, canonical
+
+
+def prepare(
+    impl: Implementation,
+    contract: Contract,
+    dtype: str,
+    sizes: dict[str, int],
+    *,
+    device: str = "cpu",
+    params: dict | None = None,
+    seed: int = 0,
+) -> Probe:
+    inputs, p, canonical = call_inputs(
+        impl, contract, dtype, sizes, device=device, params=params, seed=seed
+    )
     return Probe(impl, contract, inputs, p, canonical, _bits(impl, contract, inputs, p, canonical))
+
+
+def same_bits(a: list, b: list) -> bool:
+    """Two lists of outputs (and gradients) with the same shapes, dtypes and bits."""
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def check(probe: Probe, config: dict) -> Verdict:
     """Bitwise comparison of ``config`` with the canonical config, forward and backward."""
 
     def same(cfg):
-        got = _bits(probe.impl, probe.contract, probe.inputs, probe.params, cfg)
-        return all(torch.equal(a, b) for a, b in zip(probe.bits, got, strict=True))
+        return same_bits(
+            probe.bits, _bits(probe.impl, probe.contract, probe.inputs, probe.params, cfg)
+        )
 
     if same({**probe.canonical, **config}):
         return Verdict(True)
