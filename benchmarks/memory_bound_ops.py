@@ -6,10 +6,14 @@ Liger-Kernel where it has the op.
     python benchmarks/memory_bound_ops.py --out results.json
     python benchmarks/memory_bound_ops.py --smoke --out /tmp/smoke.json   # CPU, tiny shapes
 
-Achieved bandwidth counts each input read once and each output written once, over the
-median time, against the device-to-device copy rate measured in the same run. Eager calls
-include each provider's host overhead; at T <= --graph-max-T the forward is also timed as
-a CUDA-graph replay (mode "forward.graph"), the GPU time a decode loop under graphs sees.
+Achieved bandwidth counts each input read once and each output written once (the
+embedding's gradient is the whole [V, H] table), over the median time, against the
+device-to-device copy rate measured in the same run. Eager calls include each provider's
+host overhead; at T <= --graph-max-T the forward is also timed as a CUDA-graph replay (mode
+"forward.graph"), the GPU time a decode loop under graphs sees; so is the embedding's at
+every T, since its eager call syncs for the id range check. Forward+backward: leaves and
+fixed random upstream gradients made once per case, gradients taken with autograd.grad
+(nothing accumulates into .grad between calls).
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def cases(T: int, dev: str, dtype, small: bool):
                 "eager": lambda t_: _eager_embedding(ids, t_, 1e-5),
             },
             (2 * T * h) * e + T * 8,
-            (4 * T * h) * e + T * 8,
+            (3 * T * h + v * h) * e + T * 8,  # the gradient is the dense [V, H] table
         ),
     }
     try:
@@ -130,14 +134,43 @@ def cases(T: int, dev: str, dtype, small: bool):
         centred = LigerRMSNorm(h, eps=1e-5, offset=1.0, casting_mode="gemma", init_fn="zeros").to(
             dev, dtype
         )
-        out["rms_norm.plain"][1]["liger"] = lambda x, w: plain(x)
-        out["rms_norm.centred"][1]["liger"] = lambda x, w: centred(x)
+        for name, module in (("rms_norm.plain", plain), ("rms_norm.centred", centred)):
+            call = lambda x, w, m=module: m(x)  # noqa: E731
+            call.params = (module.weight,)  # the weight it differentiates
+            out[name][1]["liger"] = call
         out["swiglu.separate"][1]["liger"] = LigerSiLUMulFunction.apply
     except Exception as exc:  # not installed, or another API: recorded, not fatal
         print("liger unavailable:", repr(exc)[:200])
     for c in out.values():
         c[1]["torch.compile"] = torch.compile(c[1]["eager"], dynamic=False)
     return out
+
+
+# Its eager call syncs with the host (the id range check): the graph replay gives GPU time.
+GRAPH_ALWAYS = ("normalized_embedding",)
+
+
+def _train_step(fn, inputs, provider: str):
+    """Forward and backward of ``fn``: leaves and fixed random upstream gradients made once,
+    gradients returned by autograd.grad (not accumulated into .grad, which would add a
+    read-modify-write of every gradient to the op's own traffic)."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    outs = out if isinstance(out, tuple) else (out,)
+    gen = torch.Generator(device=outs[0].device).manual_seed(1)
+    ups = [torch.randn(o.shape, device=o.device, generator=gen).to(o.dtype) for o in outs]
+    wrt = list(leaves)
+    if provider == "liger":  # its weight is the module's parameter
+        wrt = [t for t in leaves if t.dim() > 1] + [
+            p for p in getattr(fn, "params", ()) if p.requires_grad
+        ]
+
+    def step():
+        out = fn(*leaves)
+        outs = out if isinstance(out, tuple) else (out,)
+        return torch.autograd.grad(list(outs), wrt, ups, allow_unused=True)
+
+    return step
 
 
 def _time(fn, device: str, rep_ms: float) -> float:
@@ -175,16 +208,9 @@ def main() -> int:
                 try:
                     with torch.no_grad():
                         fwd = _time(lambda: fn(*inputs), dev, args.rep_ms)  # noqa: B023
-                    leaves = [t.detach().requires_grad_() for t in inputs]
-
-                    def both():
-                        out = fn(*leaves)  # noqa: B023
-                        outs = out if isinstance(out, tuple) else (out,)
-                        torch.autograd.backward(list(outs), [torch.ones_like(o) for o in outs])
-
-                    fb = _time(both, dev, args.rep_ms)
+                    fb = _time(_train_step(fn, inputs, prov), dev, args.rep_ms)
                     timed = [("forward", fwd, b_fwd), ("fwd+bwd", fb, b_both)]
-                    if dev == "cuda" and T <= args.graph_max_T:
+                    if dev == "cuda" and (T <= args.graph_max_T or name in GRAPH_ALWAYS):
                         with torch.no_grad():
                             g_ms = bench_graph(lambda: fn(*inputs), args.rep_ms)  # noqa: B023
                         timed.append(("forward.graph", g_ms, b_fwd))

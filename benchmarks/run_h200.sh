@@ -27,10 +27,12 @@ stage() {  # name, seconds, command...
     [ "$TABLE" -ef "$OUT/h200.json" ] || cp "$TABLE" "$OUT/h200.json"
 }
 
-sweep() {  # label, --only filter, trials, seconds per study, stage limit
-    stage "sweep-$1" "${SWEEP_LIMIT:-$5}" python3 -m opcontract.cli.tune sweep $SWEEP \
-        --only "$2" --table "$TABLE" --storage "sqlite:////tmp/tune.db" --trials "$3" \
-        --timeout "$4" --compile-workers "${COMPILE_WORKERS:-8}" --no-progress
+sweep() {  # label, --only filter, trials, seconds per study, stage limit, extra options...
+    local label=$1 only=$2 trials=$3 per_study=$4 limit=$5
+    shift 5
+    stage "sweep-$label" "${SWEEP_LIMIT:-$limit}" python3 -m opcontract.cli.tune sweep $SWEEP \
+        --only "$only" --table "$TABLE" --storage "sqlite:////tmp/tune.db" --trials "$trials" \
+        --timeout "$per_study" --compile-workers "${COMPILE_WORKERS:-8}" --no-progress "$@"
 }
 
 for s in "$@"; do
@@ -39,6 +41,8 @@ for s in "$@"; do
             workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
             stage tests "${TESTS_LIMIT:-420}" python3 -m pytest -q -m gpu tests/ \
                 -p no:cacheprovider $workers ;;
+        norms) stage norms 180 python3 benchmarks/norm_kernels_explore.py \
+            --out "$OUT/norm_kernels_explore_h200.json" ;;
         memory) stage memory 300 python3 benchmarks/memory_bound_ops.py --rep-ms 100 \
             --out "$OUT/memory_bound_ops_h200.json" ;;
         gemm) stage gemm 240 python3 benchmarks/dense_gemm.py --out "$OUT/dense_gemm_h200.json" ;;
@@ -51,6 +55,7 @@ for s in "$@"; do
         sweep-head) sweep head softcap_logprob 16 60 540 ;;
         sweep-ce) sweep ce linear_cross_entropy 16 60 540 ;;
         sweep-gemm) sweep gemm dense_gemm 36 60 540 ;;
+        sweep-gemm-decode) sweep gemm-decode triton.gemm 36 60 400 --max-batch 64 ;;
         sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
         sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 36 60 540 ;;
         tuned) stage tuned "${TUNED_LIMIT:-400}" python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \

@@ -498,3 +498,23 @@ def test_train_objective_times_forward_and_backward(tmp_path):
     assert main([*args, "--device", "cpu"]) == 0
     (entry,) = json.loads(table.read_text())["entries"]
     assert entry["median_ms"] > 0
+
+
+def test_max_batch_tunes_only_the_buckets_up_to_it(tmp_path):
+    import optuna
+
+    from opcontract.cli.tune import main
+
+    sweep = tmp_path / "batches.yaml"
+    sweep.write_text(
+        """name: batches
+dtypes: [float32]
+ops:
+  - {op: dense_gemm, implementation: triton.gemm, sizes: {N: 40, K: 64}, batch: [2, 4, 8]}
+"""
+    )
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    args = ["sweep", str(sweep), "--table", str(tmp_path / "t.json"), "--trials", "1"]
+    assert main([*args, "--storage", storage, "--no-progress", "--max-batch", "4"]) == 0
+    names = sorted(optuna.get_all_study_names(storage))
+    assert [n.rsplit("/", 1)[1] for n in names] == ["2", "4"]

@@ -117,10 +117,10 @@ def _embedding_backend(name: str):
 
 
 def _normalized_embedding_op(
-    ids: torch.Tensor, table: torch.Tensor, backend: str, eps: float
+    ids: torch.Tensor, table: torch.Tensor, backend: str, eps: float, want_raw: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, raw, rstd)."""
-    return _embedding_backend(backend)[0](ids, table, eps)
+    """(y, raw, rstd); raw is [0, H] (never written) unless ``want_raw``."""
+    return _embedding_backend(backend)[0](ids, table, eps, want_raw)
 
 
 normalized_embedding_op = torch.library.custom_op(
@@ -129,11 +129,11 @@ normalized_embedding_op = torch.library.custom_op(
 
 
 @normalized_embedding_op.register_fake
-def _(ids, table, backend, eps):
+def _(ids, table, backend, eps, want_raw):
     T, H = ids.shape[0], table.shape[1]
     return (
         table.new_empty((T, H)),
-        table.new_empty((T, H)),
+        table.new_empty((T if want_raw else 0, H)),
         table.new_empty((T,), dtype=torch.float32),
     )
 
@@ -160,7 +160,7 @@ def _(dy, d_raw, ids, table, rstd, backend):
 
 
 def _embed_setup(ctx, inputs, output):
-    ids, table, backend, _ = inputs
+    ids, table, backend, _, _ = inputs
     ctx.save_for_backward(ids, table, output[2])
     ctx.backend = backend
 
@@ -174,8 +174,10 @@ def _embed_backward(ctx, dy, d_raw, _d_rstd):
         if bypass_op(dy, d_raw, table)
         else normalized_embedding_backward
     )
+    if d_raw is not None and d_raw.shape[0] != ids.shape[0]:  # raw was not returned
+        d_raw = None
     dtable = f(dy, d_raw, ids, table, rstd, ctx.backend)
-    return None, dtable, None, None
+    return None, dtable, None, None, None
 
 
 normalized_embedding_op.register_autograd(_embed_backward, setup_context=_embed_setup)
@@ -185,5 +187,5 @@ def normalized_embedding(backend: str, ids, table, *, eps=1e-5, return_raw=False
     from opcontract.outputs import EmbeddingOutput
 
     f = _normalized_embedding_op if bypass_op(ids, table) else normalized_embedding_op
-    y, raw, _ = f(ids, table, backend, float(eps))
+    y, raw, _ = f(ids, table, backend, float(eps), bool(return_raw))
     return EmbeddingOutput(y, raw) if return_raw else y

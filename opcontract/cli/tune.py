@@ -1,7 +1,7 @@
 """opcontract-tune: offline tuning that cannot change numerics.
 
     opcontract-tune sweep SWEEP.yaml --table TABLE.json [--trials N] [--timeout S] [--storage URL]
-                          [--only OP,...] [--compile-workers N]
+                          [--only OP,...] [--max-batch N] [--compile-workers N]
     opcontract-tune show [--table TABLE.json]
     opcontract-tune verify [--table TABLE.json]
 
@@ -48,6 +48,7 @@ def _sweep(args) -> int:
             only=set(args.only.split(",")) if args.only else None,
             on_result=_report,
             compile_workers=args.compile_workers,
+            max_batch=args.max_batch,
         )
     except (SweepError, OSError) as e:
         print(f"opcontract-tune: {e}", file=sys.stderr)
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--device", choices=("cuda", "cpu"), default=None)
     sw.add_argument("--no-progress", action="store_true")
     sw.add_argument("--only", default=None, help="comma-separated ops or implementations to tune")
+    sw.add_argument("--max-batch", type=int, default=None, help="tune batch sizes up to this")
     sw.add_argument(
         "--compile-workers",
         type=int,

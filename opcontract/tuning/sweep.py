@@ -298,8 +298,10 @@ def run_sweep(
     only: set[str] | None = None,
     on_result: Callable[[StudyResult], None] | None = None,
     compile_workers: int = 0,
+    max_batch: int | None = None,
 ) -> list[StudyResult]:
-    """Run every study of the sweep (of the ops in ``only``, if given). As each study ends,
+    """Run every study of the sweep (of the ops in ``only``, if given; of the batch sizes
+    up to ``max_batch``, if given). As each study ends,
     the fastest of its verified configs and the default goes into ``table`` with its time
     (the times also let dispatch choose between implementations), and to ``on_result``.
 
@@ -325,7 +327,15 @@ def run_sweep(
     for name, why in missing.items():
         print(f"skipping {name}: {why}", flush=True)
     items = [i for i in items if i.implementation not in missing]
-    tasks = _by_call([(item, dt, b) for item in items for dt in sweep.dtypes for b in item.batch])
+    tasks = _by_call(
+        [
+            (item, dt, b)
+            for item in items
+            for dt in sweep.dtypes
+            for b in item.batch
+            if max_batch is None or b <= max_batch
+        ]
+    )
     if compile_workers > 0:
         _precompile(tasks, device, compile_workers, progress)
     results = []

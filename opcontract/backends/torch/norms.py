@@ -98,11 +98,11 @@ def strict_backward(dy, d_residual_out, x_in, weight, rstd, variant, dx_dtype=No
     return dx.to(dx_dtype or x_in.dtype), dw
 
 
-def embedding_forward(ids, table, eps):
-    """(y, raw, rstd)."""
+def embedding_forward(ids, table, eps, want_raw=True):
+    """(y, raw, rstd); raw is [0, H] unless ``want_raw``."""
     raw = table[ids.long()]
     y, _, rstd = strict_forward(raw, None, None, "weightless", eps)
-    return y, raw, rstd
+    return y, (raw if want_raw else raw[:0].clone()), rstd
 
 
 def embedding_backward(dy, d_raw, ids, table, rstd):

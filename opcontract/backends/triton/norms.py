@@ -14,7 +14,16 @@ def _block_h(H: int) -> int:
 
 
 def _warps(block_h: int) -> int:
+    """The forward's warps: with BLOCK_H they fix the row's reduction tree (row_square)."""
     return 4 if block_h <= 2048 else 8 if block_h <= 8192 else 16
+
+
+def _bwd_warps(block_h: int) -> int:
+    """The backward's warps: with BLOCK_H they fix row_dot's tree."""
+    return _warps(block_h)
+
+
+BWD_STAGES = 2  # rows whose loads are in flight ahead of the one being computed
 
 
 def forward(x, weight, residual, variant, eps):
@@ -76,7 +85,8 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         VARIANT=_VARIANT[variant],
         ROWS=DW_ROWS,
         BLOCK_H=bh,
-        num_warps=_warps(bh),
+        STAGES=BWD_STAGES,
+        num_warps=_bwd_warps(bh),
     )
     if has_w:
         block = 64  # 104 programs at H = 6656: each walks the partials of its columns
@@ -84,14 +94,14 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
     return dx, dw
 
 
-def embedding_forward(ids, table, eps):
-    """(y, raw, rstd)."""
+def embedding_forward(ids, table, eps, want_raw=True):
+    """(y, raw, rstd); raw is [0, H] (never written) unless ``want_raw``."""
     from opcontract.backends.triton import norms_kernels as k
 
     T, H = ids.shape[0], table.shape[1]
     table = table if table.stride(-1) == 1 else table.contiguous()
     y = torch.empty((T, H), dtype=table.dtype, device=table.device)
-    raw = torch.empty_like(y)
+    raw = torch.empty((T if want_raw else 0, H), dtype=table.dtype, device=table.device)
     rstd = torch.empty(T, dtype=torch.float32, device=table.device)
     if T:
         bh = _block_h(H)
@@ -99,12 +109,12 @@ def embedding_forward(ids, table, eps):
             ids.contiguous(),
             table,
             y,
-            raw,
+            raw if want_raw else y,
             rstd,
             H,
             table.stride(0),
             float(eps),
-            RAW=True,
+            RAW=want_raw,
             BLOCK_H=bh,
             num_warps=_warps(bh),
         )

@@ -28,6 +28,8 @@ def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, e
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    if VARIANT < 2:  # issued with x's load, not after the reduction: one memory round trip
+        s = _scale(w_ptr, cols, mask, VARIANT)
     if HAS_RES:  # the sum in float32, rounded once to the input dtype
         r = tl.load(r_ptr + row * stride + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
@@ -36,7 +38,7 @@ def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, e
     rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x32 * x32, axis=0) / H + eps))
     y = x32 * rstd
     if VARIANT < 2:
-        y = y * _scale(w_ptr, cols, mask, VARIANT)
+        y = y * s
     tl.store(y_ptr + row * stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd)
 
@@ -44,7 +46,7 @@ def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, e
 @triton.jit
 def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T, H, stride,
                     HAS_DRES: tl.constexpr, VARIANT: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_H: tl.constexpr):
+                    BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     if VARIANT < 2:
@@ -52,7 +54,7 @@ def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T
     dw = tl.zeros((BLOCK_H,), tl.float32)
     # dweight_t: this block's rows in ascending order; the next row's loads are issued while
     # this one computes (pipelining moves loads, never the order of the adds)
-    for i in tl.range(ROWS, num_stages=2):
+    for i in tl.range(ROWS, num_stages=STAGES):
         row = tl.program_id(0).to(tl.int64) * ROWS + i
         m = mask & ((cols.to(tl.int64) * 0 + row) < T)
         x32 = tl.load(x_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)

@@ -1,0 +1,166 @@
+"""The Triton RMSNorm kernels' launch choices on one GPU, Muse Glimmer's H = 6656, bf16:
+forward warps (they fix row_square's tree, so one count serves every T) and backward warps
+and pipeline depth, timed at decode and training T. Reports which choices keep the shipped
+bits (same tree) and which move them.
+
+    python benchmarks/norm_kernels_explore.py --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bench, bench_graph, copy_gbps, env_stamp, write  # noqa: E402
+
+from opcontract.backends.torch.norms import DW_ROWS  # noqa: E402
+from opcontract.backends.triton import norms as host  # noqa: E402
+from opcontract.backends.triton import norms_kernels as k  # noqa: E402
+
+H = 6656
+
+
+def _fwd(x, w, res, warps):
+    T = x.shape[0]
+    y, rout = torch.empty_like(x), torch.empty_like(x) if res is not None else None
+    rstd = torch.empty(T, dtype=torch.float32, device=x.device)
+    k._rms_fwd_kernel[(T,)](
+        x,
+        res if res is not None else x,
+        w,
+        y,
+        rout if rout is not None else y,
+        rstd,
+        H,
+        x.stride(0),
+        1e-5,
+        HAS_RES=res is not None,
+        VARIANT=1,
+        BLOCK_H=host._block_h(H),
+        num_warps=warps,
+    )
+    return y, rstd
+
+
+def _bwd(dy, x, w, rstd, warps, stages):
+    T = x.shape[0]
+    dx = torch.empty_like(x)
+    n_parts = -(-T // DW_ROWS)
+    parts = torch.empty((n_parts, H), dtype=torch.float32, device=x.device)
+    dw = torch.empty_like(w)
+    k._rms_bwd_kernel[(n_parts,)](
+        dy,
+        dy,
+        x,
+        w,
+        rstd,
+        dx,
+        parts,
+        T,
+        H,
+        x.stride(0),
+        HAS_DRES=False,
+        VARIANT=1,
+        ROWS=DW_ROWS,
+        BLOCK_H=host._block_h(H),
+        STAGES=stages,
+        num_warps=warps,
+    )
+    k._sum_partials_kernel[(-(-H // 64),)](parts, dw, n_parts, H, BLOCK=64)
+    return dx, dw
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rep-ms", type=float, default=60)
+    args = ap.parse_args()
+    gbps = copy_gbps()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for T in (1, 64, 8192, 32768):
+        x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+        r = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(H, device="cuda", generator=g) * 0.1).bfloat16()
+        dy = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+        e = x.element_size()
+        ref = {}
+        for res_name, res in (("plain", None), ("fused_add", r)):
+            for warps in (4, 8, 16, 32):
+                y, rstd = _fwd(x, w, res, warps)
+                ref.setdefault(res_name, y)
+                f = lambda: _fwd(x, w, res, warps)  # noqa: E731, B023
+                ms = bench_graph(f, args.rep_ms) if T <= 64 else bench(f, rep_ms=args.rep_ms)[0]
+                nbytes = (2 + 2 * (res is not None)) * T * H * e
+                rows.append(
+                    {
+                        "pass": "forward",
+                        "kernel": res_name,
+                        "T": T,
+                        "num_warps": warps,
+                        "ms": ms,
+                        "graph": T <= 64,
+                        "fraction_of_copy": nbytes / ms / 1e6 / gbps,
+                        "bits_equal_to_first": bool(torch.equal(y, ref[res_name])),
+                    }
+                )
+                print(rows[-1], flush=True)
+        if T < 8192:
+            continue
+        _, rstd = _fwd(x, w, None, 8)
+        ref_b = None
+        for warps in (8, 16, 32):
+            for stages in (1, 2, 3, 4):
+                try:
+                    dx, dw = _bwd(dy, x, w, rstd, warps, stages)
+                    ms = bench(
+                        lambda: _bwd(dy, x, w, rstd, warps, stages),  # noqa: B023
+                        rep_ms=args.rep_ms,
+                    )[0]
+                except Exception as exc:  # e.g. out of shared memory or registers
+                    rows.append(
+                        {
+                            "pass": "backward",
+                            "T": T,
+                            "num_warps": warps,
+                            "stages": stages,
+                            "error": repr(exc)[:200],
+                        }
+                    )
+                    continue
+                ref_b = ref_b or (dx, dw)
+                nbytes = 3 * T * H * e
+                rows.append(
+                    {
+                        "pass": "backward",
+                        "kernel": "centred",
+                        "T": T,
+                        "num_warps": warps,
+                        "stages": stages,
+                        "ms": ms,
+                        "fraction_of_copy": nbytes / ms / 1e6 / gbps,
+                        "dx_bits_equal_to_first": bool(torch.equal(dx, ref_b[0])),
+                        "dw_bits_equal_to_first": bool(torch.equal(dw, ref_b[1])),
+                    }
+                )
+                print(rows[-1], flush=True)
+    write(
+        args.out,
+        {
+            "benchmark": "norm_kernels_explore",
+            "env": env_stamp(),
+            "ceilings": {"copy_gbps": gbps},
+            "H": H,
+            "dtype": "bfloat16",
+            "rows": rows,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
