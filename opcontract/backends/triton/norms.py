@@ -23,7 +23,14 @@ def _bwd_warps(block_h: int) -> int:
     return _warps(block_h)
 
 
-BWD_STAGES = 2  # rows whose loads are in flight ahead of the one being computed
+def _bwd_stages(block_h: int, elem_bytes: int) -> int:
+    """Rows of x and dy whose loads are in flight (shared memory) while one row computes.
+
+    Loads only, never the order of an add. On the H200 at H = 6656, bf16, 4 stages ran the
+    backward at 0.73-0.76 of copy against 0.52-0.54 for 2
+    (benchmarks/results/norm_kernels_explore_h200.json); capped at 128 KiB of staging.
+    """
+    return max(1, min(4, (128 << 10) // (2 * block_h * elem_bytes)))
 
 
 def forward(x, weight, residual, variant, eps):
@@ -85,7 +92,7 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         VARIANT=_VARIANT[variant],
         ROWS=DW_ROWS,
         BLOCK_H=bh,
-        STAGES=BWD_STAGES,
+        STAGES=_bwd_stages(bh, x_in.element_size()),
         num_warps=_bwd_warps(bh),
     )
     if has_w:
