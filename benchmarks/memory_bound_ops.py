@@ -13,7 +13,8 @@ host overhead; at T <= --graph-max-T the forward is also timed as a CUDA-graph r
 "forward.graph"), the GPU time a decode loop under graphs sees; so is the embedding's at
 every T, since its eager call syncs for the id range check. Forward+backward: leaves and
 fixed random upstream gradients made once per case, gradients taken with autograd.grad
-(nothing accumulates into .grad between calls).
+(nothing accumulates into .grad between calls); from --graph-train-min-T on it is also
+replayed from a CUDA graph ("fwd+bwd.graph"): the GPU time, without the host's launches.
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script")
     ap.add_argument("--rep-ms", type=float, default=200)
     ap.add_argument("--graph-max-T", type=int, default=64)
+    ap.add_argument("--graph-train-min-T", type=int, default=8192)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dev = "cpu" if args.smoke else "cuda"
@@ -208,8 +210,15 @@ def main() -> int:
                 try:
                     with torch.no_grad():
                         fwd = _time(lambda: fn(*inputs), dev, args.rep_ms)  # noqa: B023
-                    fb = _time(_train_step(fn, inputs, prov), dev, args.rep_ms)
+                    step = _train_step(fn, inputs, prov)
+                    fb = _time(step, dev, args.rep_ms)
                     timed = [("forward", fwd, b_fwd), ("fwd+bwd", fb, b_both)]
+                    if dev == "cuda" and T >= args.graph_train_min_T:
+                        try:  # GPU time alone: the step's launches replayed from a graph
+                            timed.append(("fwd+bwd.graph", bench_graph(step, args.rep_ms), b_both))
+                        except Exception as exc:  # e.g. a host sync inside the backward
+                            print(name, prov, T, "fwd+bwd not capturable:", repr(exc)[:120])
+                            torch.cuda.synchronize()
                     if dev == "cuda" and (T <= args.graph_max_T or name in GRAPH_ALWAYS):
                         with torch.no_grad():
                             g_ms = bench_graph(lambda: fn(*inputs), args.rep_ms)  # noqa: B023

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench, bench_graph, copy_gbps, env_stamp, write  # noqa: E402
@@ -22,6 +24,32 @@ from opcontract.backends.triton import norms as host  # noqa: E402
 from opcontract.backends.triton import norms_kernels as k  # noqa: E402
 
 H = 6656
+
+
+@triton.jit
+def _rms_fwd_rsqrt_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, stride, eps, BLOCK_H: tl.constexpr):
+    """Diagnostic only, never shipped: the shipped centred forward with the approximate
+    rsqrt (what the contract forbids as fast math) in place of sqrt_rn and div_rn, to
+    measure what the correctly rounded 1/sqrt costs a decode-sized call."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    s = 1.0 + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    x32 = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x32 * x32, axis=0) / H + eps)
+    tl.store(y_ptr + row * stride + cols, (x32 * rstd * s).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+def _fwd_rsqrt(x, w):
+    T = x.shape[0]
+    y = torch.empty_like(x)
+    rstd = torch.empty(T, dtype=torch.float32, device=x.device)
+    _rms_fwd_rsqrt_kernel[(T,)](
+        x, w, y, rstd, H, x.stride(0), 1e-5, BLOCK_H=host._block_h(H), num_warps=8
+    )
+    return y, rstd
 
 
 def _fwd(x, w, res, warps):
@@ -109,6 +137,19 @@ def main() -> int:
                     }
                 )
                 print(rows[-1], flush=True)
+        approx = lambda x=x, w=w: _fwd_rsqrt(x, w)  # noqa: E731
+        ms = bench_graph(approx, args.rep_ms) if T <= 64 else bench(approx, rep_ms=args.rep_ms)[0]
+        rows.append(
+            {
+                "pass": "forward",
+                "kernel": "centred.approx_rsqrt (diagnostic)",
+                "T": T,
+                "num_warps": 8,
+                "ms": ms,
+                "graph": T <= 64,
+            }
+        )
+        print(rows[-1], flush=True)
         if T < 8192:
             continue
         _, rstd = _fwd(x, w, None, 8)

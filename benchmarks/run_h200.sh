@@ -43,6 +43,8 @@ for s in "$@"; do
                 -p no:cacheprovider $workers ;;
         norms) stage norms 180 python3 benchmarks/norm_kernels_explore.py \
             --out "$OUT/norm_kernels_explore_h200.json" ;;
+        lm-backward) stage lm-backward 240 python3 benchmarks/lm_head_backward_explore.py \
+            --out "$OUT/lm_head_backward_explore_h200.json" ;;
         memory) stage memory 300 python3 benchmarks/memory_bound_ops.py --rep-ms 100 \
             --out "$OUT/memory_bound_ops_h200.json" ;;
         gemm) stage gemm 240 python3 benchmarks/dense_gemm.py --out "$OUT/dense_gemm_h200.json" ;;

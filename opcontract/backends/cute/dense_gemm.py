@@ -66,6 +66,18 @@ def _no_bias(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(_ALIGN, dtype=dtype, device=device)
 
 
+@functools.cache
+def _tvm_ffi() -> bool:
+    """Whether compiled kernels take torch tensors through TVM FFI (``apache-tvm-ffi``):
+    a C-level call that reads the stream from torch, instead of building DLPack views and
+    CUDA stream objects in Python on every call."""
+    try:
+        import tvm_ffi  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 def _cute_tensor(t: torch.Tensor, leading_dim: int):
     from cutlass.cute.runtime import from_dlpack
 
@@ -74,7 +86,30 @@ def _cute_tensor(t: torch.Tensor, leading_dim: int):
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def _kernel_args(a, b, c, bias, num_ctas):
+def _fake_args(dtype: torch.dtype) -> tuple:
+    """Compile-time stand-ins for (a, b, c, bias, num_ctas, stream) under TVM FFI: row-major
+    matrices with any row count, 8-divisible column count and row stride, 16-byte aligned
+    (what the host guarantees); the stream is the caller's current torch stream."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    dt = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+
+    def matrix():
+        return make_fake_tensor(
+            dt,
+            (cute.sym_int64(), cute.sym_int64(divisibility=_ALIGN)),
+            (cute.sym_int64(divisibility=_ALIGN), 1),
+            assumed_align=16,
+        )
+
+    bias = make_fake_tensor(dt, (cute.sym_int64(),), (1,), assumed_align=2)
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    return matrix(), matrix(), matrix(), bias, cutlass.Int32(1), stream
+
+
+def _dlpack_args(a, b, c, bias, num_ctas):
     import cuda.bindings.driver as cuda
     import cutlass
 
@@ -89,14 +124,26 @@ def _kernel_args(a, b, c, bias, num_ctas):
     )
 
 
-def _compile(key: tuple, args: tuple):
+def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
+    """Compile once per key (dtype, tiles, bias), then launch on the current stream."""
     import cutlass.cute as cute
 
     from opcontract.backends.cute.gemm_kernel import PromotedGemmSm90
 
-    _, tile_m, tile_n, has_bias = key
-    kernel = PromotedGemmSm90(tile_m, tile_n, has_bias)
-    return cute.compile(kernel, *args)
+    dtype, tile_m, tile_n, has_bias = key
+    ffi = _tvm_ffi()
+    fn = _compiled.get(key)
+    if ffi:
+        if fn is None:
+            kernel = PromotedGemmSm90(tile_m, tile_n, has_bias)
+            opts = "--enable-tvm-ffi"
+            fn = _compiled[key] = cute.compile(kernel, *_fake_args(dtype), options=opts)
+        fn(a.detach(), b.detach(), c, bias.detach(), num_ctas)
+        return
+    args = _dlpack_args(a, b, c, bias, num_ctas)
+    if fn is None:
+        fn = _compiled[key] = cute.compile(PromotedGemmSm90(tile_m, tile_n, has_bias), *args)
+    fn(*args)
 
 
 def gemm(
@@ -131,12 +178,7 @@ def gemm(
     tiles = -(-M // tile_m) * -(-N // tile_n)
     num_ctas = min(tiles, _sm_count(a.device.index or 0))
     with torch.cuda.device(a.device):
-        args = _kernel_args(a, b, c, bias_t, num_ctas)
-        key = (a.dtype, tile_m, tile_n, bias is not None)
-        fn = _compiled.get(key)
-        if fn is None:
-            fn = _compiled[key] = _compile(key, args)
-        fn(*args)
+        _launch((a.dtype, tile_m, tile_n, bias is not None), a, b, c, bias_t, num_ctas)
     return c if Np == N else c[:, :N].contiguous()
 
 
