@@ -65,8 +65,8 @@ def main() -> int:
                 probe = prepare(impl, c, dt, sizes, device=args.device, params=item.params)
                 tuned = {**probe.canonical, **entry.config}
                 work = workload(probe, item.objective)  # what the sweep timed
-                default_ms = time_ms(work(probe.canonical), args.device)
-                tuned_ms = time_ms(work(tuned), args.device)
+                default_ms = time_ms(work(probe.canonical), args.device, item.timing)
+                tuned_ms = time_ms(work(tuned), args.device, item.timing)
                 verdict = check(probe, entry.config)
                 dispatch.op(item.op, backend=impl.name)(**probe.inputs, **probe.params)
                 prov = dispatch.last_provenance()

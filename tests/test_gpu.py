@@ -58,3 +58,16 @@ def test_parallel_partials_bitwise_on_muse_shapes(N, K):
             seq = impl.run({**base, **cfg}, x=x, weight=w, bias=b)
             par = impl.run({**base, **cfg, "parallel_partials": True}, x=x, weight=w, bias=b)
             assert torch.equal(seq, par), (M, cfg)
+
+
+def test_sweep_graph_timing_times_gpu_work():
+    """Graph timing replays the captured call: a GEMV measures in microseconds, and a
+    call that does four times the work measures longer."""
+    from opcontract.tuning.sweep import time_ms
+
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+    w4 = torch.randn(4 * 8192, 4096, device="cuda", dtype=torch.bfloat16)
+    one = time_ms(lambda: x @ w.T, "cuda", "graph")
+    four = time_ms(lambda: x @ w4.T, "cuda", "graph")
+    assert 0 < one < four

@@ -518,3 +518,26 @@ ops:
     assert main([*args, "--storage", storage, "--no-progress", "--max-batch", "4"]) == 0
     names = sorted(optuna.get_all_study_names(storage))
     assert [n.rsplit("/", 1)[1] for n in names] == ["2", "4"]
+
+
+def test_graph_timing_is_a_sweep_option_and_eager_off_cuda(tmp_path):
+    from opcontract.cli.tune import main
+    from opcontract.tuning.sweep import load_sweep
+
+    sweep = tmp_path / "graph.yaml"
+    sweep.write_text(
+        """name: graph
+dtypes: [float32]
+ops:
+  - {op: dense_gemm, implementation: triton.gemm, sizes: {N: 40, K: 64}, batch: [2],
+     timing: graph}
+"""
+    )
+    assert load_sweep(sweep).ops[0].timing == "graph"
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "1", "--device", "cpu"]
+    assert main([*args, "--no-progress"]) == 0
+    assert len(json.loads(table.read_text())["entries"]) == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(sweep.read_text().replace("timing: graph", "timing: sometimes"))
+    assert main(["sweep", str(bad), "--table", str(table), "--no-progress"]) == 1

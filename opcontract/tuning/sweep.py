@@ -47,6 +47,14 @@ class SweepOp(_Strict):
         default="forward",
         description="what is timed: the forward call, or forward and backward (training)",
     )
+    timing: Literal["eager", "graph"] = Field(
+        default="eager",
+        description=(
+            "eager: calls as launched from Python (host time included where it dominates); "
+            "graph: replays of a CUDA graph of the call, the GPU time that a graph-captured "
+            "decode loop sees (on CUDA; elsewhere eager)"
+        ),
+    )
 
 
 class Sweep(_Strict):
@@ -155,11 +163,15 @@ def workload(probe: Probe, objective: str = "forward") -> Callable[[dict], Calla
     return train
 
 
-def time_ms(fn, device: str) -> float:
-    """Median time of ``fn`` in milliseconds."""
+def time_ms(fn, device: str, timing: str = "eager") -> float:
+    """Median time of ``fn`` in milliseconds: of its calls, or (``timing="graph"``, CUDA)
+    of replays of a CUDA graph that captured it."""
     if device == "cuda":
-        from triton.testing import do_bench
+        from triton.testing import do_bench, do_bench_cudagraph
 
+        if timing == "graph":
+            fn()  # compiled and warm before capture
+            return do_bench_cudagraph(fn, rep=100, return_mode="median")
         return do_bench(fn, warmup=25, rep=100, return_mode="median")
     fn()
     samples = []
@@ -213,10 +225,11 @@ def tune(
     device: str,
     narrow: dict[str, list] | None = None,
     work: Callable[[dict], Callable[[], Any]] | None = None,
+    timing: str = "eager",
 ) -> tuple[dict | None, float | None, list]:
     """One Optuna study over the implementation's space (``narrow``ed per parameter where
-    given), timing ``work`` (default: the forward; see :func:`workload`); (best config, ms,
-    rejected)."""
+    given), timing ``work`` (default: the forward; see :func:`workload`) as ``timing`` says
+    (see :func:`time_ms`); (best config, ms, rejected)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -249,7 +262,7 @@ def tune(
             rejected.append((cfg, verdict.moved))
             raise optuna.TrialPruned()
         full = {**probe.canonical, **cfg}
-        return time_ms(work(full), device)
+        return time_ms(work(full), device, timing)
 
     # ``trials`` is the study's total: a resumed sweep runs only what an interrupted one left
     # (a finished grid runs nothing). A candidate that raises (a launch the GPU refuses) is a
@@ -377,8 +390,9 @@ def run_sweep(
                 device=device,
                 narrow=item.space,
                 work=work,
+                timing=item.timing,
             )
-            default_ms = time_ms(work(probe.canonical), device)
+            default_ms = time_ms(work(probe.canonical), device, item.timing)
         except Exception as e:  # the default config itself fails: nothing to write
             print(f"{name}: failed, no entry: {type(e).__name__}: {e}", flush=True)
             continue
