@@ -52,7 +52,7 @@ def _fwd_rsqrt(x, w):
     return y, rstd
 
 
-def _fwd(x, w, res, warps):
+def _fwd(x, w, res, warps, w_first=True):
     T = x.shape[0]
     y, rout = torch.empty_like(x), torch.empty_like(x) if res is not None else None
     rstd = torch.empty(T, dtype=torch.float32, device=x.device)
@@ -68,6 +68,7 @@ def _fwd(x, w, res, warps):
         1e-5,
         HAS_RES=res is not None,
         VARIANT=1,
+        W_FIRST=w_first,
         BLOCK_H=host._block_h(H),
         num_warps=warps,
     )
@@ -118,10 +119,10 @@ def main() -> int:
         e = x.element_size()
         ref = {}
         for res_name, res in (("plain", None), ("fused_add", r)):
-            for warps in (4, 8, 16, 32):
-                y, rstd = _fwd(x, w, res, warps)
+            for warps, w_first in ((4, True), (8, True), (8, False), (16, True), (32, True)):
+                y, rstd = _fwd(x, w, res, warps, w_first)
                 ref.setdefault(res_name, y)
-                f = lambda: _fwd(x, w, res, warps)  # noqa: E731, B023
+                f = lambda: _fwd(x, w, res, warps, w_first)  # noqa: E731, B023
                 ms = bench_graph(f, args.rep_ms) if T <= 64 else bench(f, rep_ms=args.rep_ms)[0]
                 nbytes = (2 + 2 * (res is not None)) * T * H * e
                 rows.append(
@@ -130,6 +131,7 @@ def main() -> int:
                         "kernel": res_name,
                         "T": T,
                         "num_warps": warps,
+                        "weight_load": "with the row" if w_first else "after the reduction",
                         "ms": ms,
                         "graph": T <= 64,
                         "fraction_of_copy": nbytes / ms / 1e6 / gbps,

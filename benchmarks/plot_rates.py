@@ -2,9 +2,10 @@
 
 python benchmarks/plot_rates.py benchmarks/results/dense_gemm_h200.json docs/dense_gemm_h200.png
 python benchmarks/plot_rates.py benchmarks/results/memory_bound_ops_h200.json docs/mem.png
+python benchmarks/plot_rates.py benchmarks/results/memory_bound_ops_h200.json b.png fwd+bwd.graph
 
-dense_gemm: TFLOP/s against M. memory_bound_ops: forward bandwidth as a fraction of the
-copy rate measured in the same run, against T.
+dense_gemm: TFLOP/s against M. memory_bound_ops: bandwidth as a fraction of the copy rate
+measured in the same run, against T. The rows of one mode are drawn (default "forward").
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ def draw_panels(
     fig.savefig(dst, dpi=100)
 
 
-def main(src: str, dst: str) -> int:
+def main(src: str, dst: str, mode: str = "forward") -> int:
     data = json.loads(open(src).read())
     gemm = data["benchmark"] == "dense_gemm"
     key, ylabel = ("tflops", "TFLOP/s") if gemm else ("fraction_of_copy", "fraction of copy rate")
     panels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in data["rows"]:
-        if r.get(key) is not None and r.get("mode") == "forward":
+        if r.get(key) is not None and r.get("mode") == mode:
             panels[r["kernel"]][r["provider"]].append((r["x"], r[key]))
     env = data["env"]
     draw_panels(
@@ -71,7 +72,7 @@ def main(src: str, dst: str) -> int:
         dst,
         xlabel={k: data["rows"][0]["x_name"] for k in panels},
         ylabel=ylabel,
-        title=f"{data['benchmark']} forward on {env['gpu']} (torch {env['torch']}, "
+        title=f"{data['benchmark']} {mode} on {env['gpu']} (torch {env['torch']}, "
         f"Triton {env['triton']}, commit {env.get('opcontract_commit')})",
         cols=2 if gemm else 3,
     )
@@ -79,4 +80,4 @@ def main(src: str, dst: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))

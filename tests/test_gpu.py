@@ -71,3 +71,23 @@ def test_sweep_graph_timing_times_gpu_work():
     one = time_ms(lambda: x @ w.T, "cuda", "graph")
     four = time_ms(lambda: x @ w4.T, "cuda", "graph")
     assert 0 < one < four
+
+
+@pytest.mark.parametrize("variant", ["plain", "centred"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_rows_equal_across_the_weight_load_switch(variant, residual):
+    """Calls of T <= 64 load the weight with the row, larger ones after the reduction: a
+    row's bits must not depend on which (rows of T = 64 inside T = 8192, Muse Glimmer H)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(8192, 6656, device="cuda", generator=g).bfloat16()
+    r = torch.randn(8192, 6656, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(6656, device="cuda", generator=g) * 0.1).bfloat16()
+    if residual:
+        f = dispatch.op("fused_add_rms_norm", backend="triton")
+        big, small = f(x, r, w, variant=variant), f(x[:64], r[:64], w, variant=variant)
+        assert torch.equal(big.residual_out[:64], small.residual_out)
+        big, small = big[0], small[0]
+    else:
+        f = dispatch.op("rms_norm", backend="triton")
+        big, small = f(x, w, variant=variant), f(x[:64], w, variant=variant)
+    assert torch.equal(big[:64], small)

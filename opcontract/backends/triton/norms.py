@@ -18,6 +18,13 @@ def _warps(block_h: int) -> int:
     return 4 if block_h <= 2048 else 8 if block_h <= 8192 else 16
 
 
+# Forward: at decode sizes the weight loads with the row (H200, H = 6656, graph replay:
+# T = 1 1.71 us, T = 64 2.02 us, against 1.86 and 2.15 loading it after the reduction);
+# with many rows after the reduction (T = 8192 / 32768: 58.7 / 210.9 us against 62.4 /
+# 227.7 us). benchmarks/results/memory_bound_ops_h200.json at 56ac9a0 and at 2402fb1.
+W_FIRST_MAX_T = 64
+
+
 def _bwd_warps(block_h: int) -> int:
     """The backward's warps: with BLOCK_H they fix row_dot's tree."""
     return _warps(block_h)
@@ -57,6 +64,7 @@ def forward(x, weight, residual, variant, eps):
             HAS_RES=residual is not None,
             VARIANT=_VARIANT[variant],
             BLOCK_H=bh,
+            W_FIRST=T <= W_FIRST_MAX_T,
             num_warps=_warps(bh),
         )
     return y, rout, rstd

@@ -23,12 +23,15 @@ def _scale(w_ptr, cols, mask, VARIANT: tl.constexpr):
 
 @triton.jit
 def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, eps,
-                    HAS_RES: tl.constexpr, VARIANT: tl.constexpr, BLOCK_H: tl.constexpr):
+                    HAS_RES: tl.constexpr, VARIANT: tl.constexpr, BLOCK_H: tl.constexpr,
+                    W_FIRST: tl.constexpr):
+    # W_FIRST moves the weight's load, never an operation: with x's load (one memory round
+    # trip, for decode-sized calls) or after the reduction (fewer live registers, for many rows)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
-    if VARIANT < 2:  # issued with x's load, not after the reduction: one memory round trip
+    if VARIANT < 2 and W_FIRST:
         s = _scale(w_ptr, cols, mask, VARIANT)
     if HAS_RES:  # the sum in float32, rounded once to the input dtype
         r = tl.load(r_ptr + row * stride + cols, mask=mask, other=0.0)
@@ -38,6 +41,8 @@ def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, e
     rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x32 * x32, axis=0) / H + eps))
     y = x32 * rstd
     if VARIANT < 2:
+        if not W_FIRST:
+            s = _scale(w_ptr, cols, mask, VARIANT)
         y = y * s
     tl.store(y_ptr + row * stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd)
