@@ -112,11 +112,18 @@ def main() -> int:
                     if cuda and M <= args.graph_max_m:  # the kernel alone, no host time
                         g_ms = bench_graph(lambda op=op, xm=xm, w=w: op(xm, w))
                         timed.append(("forward.graph", g_ms))
+                served = None
+                if prov == "opcontract":  # which implementation and config dispatch chose
+                    with torch.no_grad():
+                        op(xm, w)
+                    p = dispatch.last_provenance()
+                    served = {"implementation": p.implementation, "config": p.config}
                 for mode, ms in timed:
                     rows.append(
                         {
                             "kernel": f"dense_gemm.{name}",
                             "provider": prov,
+                            "served_by": served,
                             "mode": mode,
                             "metric": "time",
                             "x_name": "M",
