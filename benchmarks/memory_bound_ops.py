@@ -20,6 +20,7 @@ replayed from a CUDA graph ("fwd+bwd.graph"): the GPU time, without the host's l
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -207,6 +208,9 @@ def main() -> int:
     for T in T_list:
         for name, (inputs, providers, b_fwd, b_both) in cases(T, dev, dtype, args.smoke).items():
             for prov, fn in providers.items():
+                gc.collect()  # captured graphs' memory pools from the last case
+                if dev == "cuda":
+                    torch.cuda.empty_cache()
                 try:
                     with torch.no_grad():
                         fwd = _time(lambda: fn(*inputs), dev, args.rep_ms)  # noqa: B023

@@ -91,3 +91,27 @@ def test_rms_norm_rows_equal_across_the_weight_load_switch(variant, residual):
         f = dispatch.op("rms_norm", backend="triton")
         big, small = f(x, w, variant=variant), f(x[:64], w, variant=variant)
     assert torch.equal(big[:64], small)
+
+
+def test_embedding_backward_is_captured_in_a_cuda_graph():
+    """No host sync in the Triton embedding backward: its step captures and replays, and
+    the replay gives the eager bits."""
+    from opcontract.backends.triton import norms as tn
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    table = torch.randn(5000, 6656, device="cuda", generator=g).bfloat16()
+    ids = torch.randint(0, 5000, (512,), device="cuda", generator=g)
+    dy = torch.randn(512, 6656, device="cuda", generator=g).bfloat16()
+    _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
+    eager = tn.embedding_backward(dy, None, ids, table, rstd)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tn.embedding_backward(dy, None, ids, table, rstd)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tn.embedding_backward(dy, None, ids, table, rstd)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

@@ -137,35 +137,50 @@ def embedding_forward(ids, table, eps, want_raw=True):
 
 
 def embedding_backward(dy, d_raw, ids, table, rstd):
-    """dtable: float32 token gradients summed per table row in ascending token order."""
+    """dtable: per table row, its tokens' float32 gradients summed in ascending token order,
+    rounded once; rows no token used are zeros. No host sync (the pass can be captured in a
+    CUDA graph) and no [T, H] intermediate: a [T] row-dot pass, then one pass over the table.
+    """
+    from opcontract.backends.triton import interpreting
     from opcontract.backends.triton import norms_kernels as k
 
-    T, H = ids.shape[0], table.shape[1]
+    T, (V, H) = ids.shape[0], table.shape
     table = table if table.stride(-1) == 1 else table.contiguous()
-    dtable = torch.zeros_like(table)
-    if T == 0:
+    dtable = torch.empty((V, H), dtype=table.dtype, device=table.device)
+    if V == 0 or H == 0:
         return dtable
     ids = ids.contiguous()
-    dx = torch.empty((T, H), dtype=torch.float32, device=table.device)
-    bh = _block_h(H)
-    k._embed_dx_kernel[(T,)](
-        dy.contiguous(),
+    dy = dy.contiguous()
+    c = torch.empty(T, dtype=torch.float32, device=table.device)
+    if T:
+        bh = _block_h(H)
+        k._embed_rowdot_kernel[(T,)](
+            dy, ids, table, rstd, c, H, table.stride(0), BLOCK_H=bh, num_warps=_warps(bh)
+        )
+    order = torch.argsort(ids, stable=True)  # each id's tokens stay in ascending order
+    rows = torch.arange(V, device=ids.device, dtype=ids.dtype)
+    sorted_ids = ids[order]
+    starts = torch.searchsorted(sorted_ids, rows)
+    ends = torch.searchsorted(sorted_ids, rows, right=True)
+    block = EMBED_BLOCK
+    k._embed_dtable_kernel[(V, -(-H // block))](
+        dy,
         d_raw.contiguous() if d_raw is not None else dy,
-        ids,
+        order,
+        starts,
+        ends,
         table,
         rstd,
-        dx,
+        c,
+        dtable,
         H,
         table.stride(0),
         HAS_DRAW=d_raw is not None,
-        BLOCK_H=bh,
-        num_warps=_warps(bh),
-    )
-    order = torch.argsort(ids, stable=True)  # each id's tokens stay in ascending order
-    uids, counts = torch.unique_consecutive(ids[order], return_counts=True)
-    starts = torch.cumsum(counts, 0) - counts
-    block = 256
-    k._segment_sum_kernel[(uids.numel(), -(-H // block))](
-        dx, order, starts, counts, uids, dtable, H, BLOCK=block
+        INTERPRET=interpreting(),
+        BLOCK=block,
+        num_warps=4,
     )
     return dtable
+
+
+EMBED_BLOCK = 1024  # columns per program of the table pass

@@ -4,6 +4,10 @@ One program normalises one row: the row's square sum is a tl.sum tree fixed by B
 num_warps, the same for every row. The backward's program walks DW_ROWS rows in ascending
 order, writing each row's dx and summing its weight-gradient partial in float32; a second
 kernel adds the partials in ascending order. No atomics.
+
+The embedding's backward: a [T] pass computes each token's row dot with the forward's tree;
+one pass over the table then writes every row (zeros where no token used it), each summing
+its tokens' float32 gradients in ascending token order. No atomics, no host sync.
 """
 
 # fmt: off
@@ -106,9 +110,9 @@ def _embed_fwd_kernel(ids_ptr, table_ptr, y_ptr, raw_ptr, rstd_ptr, H, stride_t,
 
 
 @triton.jit
-def _embed_dx_kernel(dy_ptr, draw_ptr, ids_ptr, table_ptr, rstd_ptr, dx_ptr, H, stride_t,
-                     HAS_DRAW: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The token's gradient, kept in float32 for the ordered per-row sums."""
+def _embed_rowdot_kernel(dy_ptr, ids_ptr, table_ptr, rstd_ptr, c_ptr, H, stride_t,
+                         BLOCK_H: tl.constexpr):
+    """c[t] = (sum_h dy * xhat) / H for one token: the forward's row tree (BLOCK_H, warps)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
@@ -116,25 +120,39 @@ def _embed_dx_kernel(dy_ptr, draw_ptr, ids_ptr, table_ptr, rstd_ptr, dx_ptr, H, 
     x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
     rstd = tl.load(rstd_ptr + row)
-    xhat = x32 * rstd
-    dx = rstd * (dy - xhat * (tl.sum(dy * xhat, axis=0) / H))
-    if HAS_DRAW:
-        dx += tl.load(draw_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dx_ptr + row * H + cols, dx, mask=mask)
+    tl.store(c_ptr + row, tl.sum(dy * (x32 * rstd), axis=0) / H)
 
 
 @triton.jit
-def _segment_sum_kernel(dx_ptr, order_ptr, starts_ptr, counts_ptr, uids_ptr, out_ptr, H,
-                        BLOCK: tl.constexpr):
-    """dtable_t: one table row's tokens, in ascending token order, summed in float32."""
-    seg = tl.program_id(0)
+def _f32_add(a, b, INTERPRET: tl.constexpr):
+    """a + b rounded to float32, never fused with the multiply that produced b."""
+    if INTERPRET:
+        return a + b
+    return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _embed_dtable_kernel(dy_ptr, draw_ptr, order_ptr, starts_ptr, ends_ptr, table_ptr,
+                         rstd_ptr, c_ptr, out_ptr, H, stride_t,
+                         HAS_DRAW: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr):
+    """dtable_t for one table row and BLOCK columns: its tokens' gradients in ascending token
+    order (order[starts[v]:ends[v]]), each dx = rstd * (dy - xhat * c) in float32 (+ d_raw),
+    summed in float32 from zero and rounded once. A row without tokens is written as zeros."""
+    v = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
-    start = tl.load(starts_ptr + seg)
-    n = tl.load(counts_ptr + seg)
-    v = tl.load(uids_ptr + seg).to(tl.int64)
+    start = tl.load(starts_ptr + v)
+    end = tl.load(ends_ptr + v)
     acc = tl.zeros((BLOCK,), tl.float32)
-    for i in range(0, n):
-        t = tl.load(order_ptr + start + i).to(tl.int64)
-        acc += tl.load(dx_ptr + t * H + cols, mask=mask, other=0.0)
+    for i in range(start, end):
+        t = tl.load(order_ptr + i).to(tl.int64)
+        x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + t)
+        xhat = x32 * rstd
+        dx = rstd * (dy - xhat * tl.load(c_ptr + t))
+        if HAS_DRAW:
+            dx += tl.load(draw_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
+        acc = _f32_add(acc, dx, INTERPRET)
     tl.store(out_ptr + v * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
