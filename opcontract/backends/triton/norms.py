@@ -141,7 +141,6 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
     rounded once; rows no token used are zeros. No host sync (the pass can be captured in a
     CUDA graph) and no [T, H] intermediate: a [T] row-dot pass, then one pass over the table.
     """
-    from opcontract.backends.triton import interpreting
     from opcontract.backends.triton import norms_kernels as k
 
     T, (V, H) = ids.shape[0], table.shape
@@ -176,7 +175,6 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
         H,
         table.stride(0),
         HAS_DRAW=d_raw is not None,
-        INTERPRET=interpreting(),
         BLOCK=block,
         num_warps=4,
     )

@@ -124,18 +124,9 @@ def _embed_rowdot_kernel(dy_ptr, ids_ptr, table_ptr, rstd_ptr, c_ptr, H, stride_
 
 
 @triton.jit
-def _f32_add(a, b, INTERPRET: tl.constexpr):
-    """a + b rounded to float32, never fused with the multiply that produced b."""
-    if INTERPRET:
-        return a + b
-    return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
-                                     dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
 def _embed_dtable_kernel(dy_ptr, draw_ptr, order_ptr, starts_ptr, ends_ptr, table_ptr,
                          rstd_ptr, c_ptr, out_ptr, H, stride_t,
-                         HAS_DRAW: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_DRAW: tl.constexpr, BLOCK: tl.constexpr):
     """dtable_t for one table row and BLOCK columns: its tokens' gradients in ascending token
     order (order[starts[v]:ends[v]]), each dx = rstd * (dy - xhat * c) in float32 (+ d_raw),
     summed in float32 from zero and rounded once. A row without tokens is written as zeros."""
@@ -151,8 +142,10 @@ def _embed_dtable_kernel(dy_ptr, draw_ptr, order_ptr, starts_ptr, ends_ptr, tabl
         dy = tl.load(dy_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + t)
         xhat = x32 * rstd
-        dx = rstd * (dy - xhat * tl.load(c_ptr + t))
+        # rstd * (...) as fma(rstd, ..., +0): the product rounded on its own, so it can't be
+        # contracted into the sum's add (acc + dx adds the token's rounded gradient)
+        dx = tl.math.fma(rstd, dy - xhat * tl.load(c_ptr + t), 0.0)
         if HAS_DRAW:
             dx += tl.load(draw_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-        acc = _f32_add(acc, dx, INTERPRET)
+        acc += dx
     tl.store(out_ptr + v * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
