@@ -162,7 +162,7 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
     starts = torch.searchsorted(sorted_ids, rows)
     ends = torch.searchsorted(sorted_ids, rows, right=True)
     block = EMBED_BLOCK
-    k._embed_dtable_kernel[(V, -(-H // block))](
+    k._embed_dtable_kernel[(-(-V // EMBED_ROWS), -(-H // block))](
         dy,
         d_raw.contiguous() if d_raw is not None else dy,
         order,
@@ -172,9 +172,11 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
         rstd,
         c,
         dtable,
+        V,
         H,
         table.stride(0),
         HAS_DRAW=d_raw is not None,
+        ROWS=EMBED_ROWS,
         BLOCK=block,
         num_warps=4,
     )
@@ -182,3 +184,4 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
 
 
 EMBED_BLOCK = 1024  # columns per program of the table pass
+EMBED_ROWS = 8  # table rows per program: V x 7 one-row programs would mostly write zeros

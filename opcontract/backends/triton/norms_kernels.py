@@ -125,27 +125,29 @@ def _embed_rowdot_kernel(dy_ptr, ids_ptr, table_ptr, rstd_ptr, c_ptr, H, stride_
 
 @triton.jit
 def _embed_dtable_kernel(dy_ptr, draw_ptr, order_ptr, starts_ptr, ends_ptr, table_ptr,
-                         rstd_ptr, c_ptr, out_ptr, H, stride_t,
-                         HAS_DRAW: tl.constexpr, BLOCK: tl.constexpr):
-    """dtable_t for one table row and BLOCK columns: its tokens' gradients in ascending token
-    order (order[starts[v]:ends[v]]), each dx = rstd * (dy - xhat * c) in float32 (+ d_raw),
-    summed in float32 from zero and rounded once. A row without tokens is written as zeros."""
-    v = tl.program_id(0).to(tl.int64)
+                         rstd_ptr, c_ptr, out_ptr, V, H, stride_t,
+                         HAS_DRAW: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """dtable_t for ROWS table rows and BLOCK columns: each row's tokens' gradients in
+    ascending token order (order[starts[v]:ends[v]]), each dx = rstd * (dy - xhat * c) in
+    float32 (+ d_raw), summed in float32 from zero and rounded once. A row without tokens is
+    written as zeros (several rows per program: most rows of a vocabulary have none)."""
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
-    start = tl.load(starts_ptr + v)
-    end = tl.load(ends_ptr + v)
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for i in range(start, end):
-        t = tl.load(order_ptr + i).to(tl.int64)
-        x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + t)
-        xhat = x32 * rstd
-        # rstd * (...) as fma(rstd, ..., +0): the product rounded on its own, so it can't be
-        # contracted into the sum's add (acc + dx adds the token's rounded gradient)
-        dx = tl.math.fma(rstd, dy - xhat * tl.load(c_ptr + t), 0.0)
-        if HAS_DRAW:
-            dx += tl.load(draw_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-        acc += dx
-    tl.store(out_ptr + v * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    for r in range(ROWS):
+        v = tl.program_id(0).to(tl.int64) * ROWS + r
+        if v < V:
+            start = tl.load(starts_ptr + v)
+            end = tl.load(ends_ptr + v)
+            acc = tl.zeros((BLOCK,), tl.float32)
+            for i in range(start, end):
+                t = tl.load(order_ptr + i).to(tl.int64)
+                x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0)
+                xhat = x32.to(tl.float32) * tl.load(rstd_ptr + t)
+                dy = tl.load(dy_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
+                # the product as fma(rstd, ., +0): rounded on its own, so it can't be
+                # contracted into the sum's add (acc + dx adds the token's rounded gradient)
+                dx = tl.math.fma(tl.load(rstd_ptr + t), dy - xhat * tl.load(c_ptr + t), 0.0)
+                if HAS_DRAW:
+                    dx += tl.load(draw_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
+                acc += dx
+            tl.store(out_ptr + v * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
