@@ -25,11 +25,6 @@ def _warps(block_h: int) -> int:
 W_FIRST_MAX_T = 64
 
 
-def _bwd_warps(block_h: int) -> int:
-    """The backward's warps: with BLOCK_H they fix row_dot's tree."""
-    return _warps(block_h)
-
-
 def _bwd_stages(block_h: int, elem_bytes: int) -> int:
     """Rows of x and dy whose loads are in flight (shared memory) while one row computes.
 
@@ -101,7 +96,7 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         ROWS=DW_ROWS,
         BLOCK_H=bh,
         STAGES=_bwd_stages(bh, x_in.element_size()),
-        num_warps=_bwd_warps(bh),
+        num_warps=_warps(bh),  # with BLOCK_H, row_dot's tree
     )
     if has_w:
         block = 64  # 104 programs at H = 6656: each walks the partials of its columns
