@@ -195,6 +195,11 @@ def test_sweep_writes_a_verified_table_that_dispatch_uses(tmp_path, monkeypatch,
     assert "triton.fused float32 H=32,V=300 bucket 4" in capsys.readouterr().out
     assert main(["verify", "--table", str(table), "--device", "cpu"]) == 0
     assert "verified 1 of 1 entries" in capsys.readouterr().out
+    verify_only = ["verify", "--table", str(table), "--device", "cpu", "--no-progress"]
+    assert main([*verify_only, "--only", "dense_gemm"]) == 0
+    assert "verified 0 of 0 entries" in capsys.readouterr().out
+    assert main([*verify_only, "--only", "triton.fused"]) == 0
+    assert "verified 1 of 1 entries" in capsys.readouterr().out
     entry = json.loads(table.read_text())["entries"][0]  # the resumed study may improve it
     monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
     h, w, t = head_inputs(T=3, H=32, V=300)

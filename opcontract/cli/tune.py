@@ -3,7 +3,7 @@
     opcontract-tune sweep SWEEP.yaml --table TABLE.json [--trials N] [--timeout S] [--storage URL]
                           [--only OP,...] [--max-batch N] [--compile-workers N]
     opcontract-tune show [--table TABLE.json]
-    opcontract-tune verify [--table TABLE.json]
+    opcontract-tune verify [--table TABLE.json] [--only OP,...] [--no-progress]
 
 Exit 0 on success, 1 with a message on a bad sweep file, an unwritable storage or table,
 or an entry that no longer verifies.
@@ -79,6 +79,8 @@ def _show(args) -> int:
 def _verify(args) -> int:
     """Each entry's config against its canonical config, and the implementations tabled for
     one call against each other (dispatch may switch between them per bucket)."""
+    from tqdm import tqdm
+
     from opcontract.backends.registry import implementation
     from opcontract.contracts import get_contract
     from opcontract.tuning.db import device_key
@@ -86,10 +88,17 @@ def _verify(args) -> int:
 
     device = args.device or ("cuda" if _cuda() else "cpu")
     here = device_key(_device_info(device))
+    only = set(args.only.split(",")) if args.only else None
     bad = checked = 0
     first = None  # (call, implementation, canonical bits)
-    entries = [e for e in _db(args).entries if (e.key["gpu"], e.key["capability"]) == here]
-    for e in sorted(entries, key=lambda e: [str(e.key[f]) for f in _CALL]):
+    entries = [
+        e
+        for e in _db(args).entries
+        if (e.key["gpu"], e.key["capability"]) == here
+        and (only is None or e.key["op"] in only or e.key["implementation"] in only)
+    ]
+    ordered = sorted(entries, key=lambda e: [str(e.key[f]) for f in _CALL])
+    for e in tqdm(ordered, desc="verify", unit="entry", disable=args.no_progress):
         k = e.key
         c = get_contract(k["op"])
         fixed = dict(kv.split("=") for kv in k["shape"].split(",") if kv)
@@ -109,7 +118,7 @@ def _verify(args) -> int:
         checked += 1
         if why:
             bad += 1
-            print(f"FAIL {e.describe()}: {why}")
+            print(f"FAIL {e.describe()}: {why}", flush=True)
     print(f"verified {checked - bad} of {checked} entries for {here[0]}")
     return 1 if bad else 0
 
@@ -155,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--table", default=None)
         if name == "verify":
+            p.add_argument("--only", default=None, help="comma-separated ops or implementations")
+            p.add_argument("--no-progress", action="store_true")
             p.add_argument("--device", choices=("cuda", "cpu"), default=None)
     args = ap.parse_args(argv)
     return {"sweep": _sweep, "show": _show, "verify": _verify}[args.cmd](args)
