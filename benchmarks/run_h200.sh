@@ -63,6 +63,8 @@ for s in "$@"; do
         sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 36 60 540 ;;
         tuned) stage tuned "${TUNED_LIMIT:-400}" python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
             --out "$OUT/tuned_dispatch_h200.json" ;;
+        verify) stage verify "${VERIFY_LIMIT:-300}" python3 -m opcontract.cli.tune verify \
+            --table "$TABLE" --device cuda ${VERIFY_ONLY:+--only "$VERIFY_ONLY"} ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
