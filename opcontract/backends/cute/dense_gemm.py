@@ -21,9 +21,10 @@ import torch
 from opcontract.backends.gemm_op import K_BLOCK  # noqa: F401 - the kernel's CHUNK_K, by contract
 from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
 
-CONFIG = {"tile_m": 128, "tile_n": 128}
-# Tile sizes along M and N decide which CTA computes an element, never the order of its sum.
-CONFIG_SPACE = {"tile_m": (64, 128), "tile_n": (64, 128)}
+CONFIG = {"tile_m": 128, "tile_n": 128, "group_m": 8}
+# Tile sizes along M and N decide which CTA computes an element, and group_m (row tiles
+# that share each column block in L2) when; neither the order of an element's sum.
+CONFIG_SPACE = {"tile_m": (64, 128), "tile_n": (64, 128), "group_m": (1, 4, 8, 16)}
 _ALIGN = 8  # elements of 2 bytes per 16 bytes: TMA's stride and base alignment
 
 _compiled: dict[tuple, Any] = {}
@@ -125,24 +126,25 @@ def _dlpack_args(a, b, c, bias, num_ctas):
 
 
 def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
-    """Compile once per key (dtype, tiles, bias), then launch on the current stream."""
+    """Compile once per key (dtype, tiles, group, bias), then launch on the current stream."""
     import cutlass.cute as cute
 
     from opcontract.backends.cute.gemm_kernel import PromotedGemmSm90
 
-    dtype, tile_m, tile_n, has_bias = key
+    dtype, tile_m, tile_n, group_m, has_bias = key
     ffi = _tvm_ffi()
     fn = _compiled.get(key)
     if ffi:
         if fn is None:
-            kernel = PromotedGemmSm90(tile_m, tile_n, has_bias)
+            kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m)
             opts = "--enable-tvm-ffi"
             fn = _compiled[key] = cute.compile(kernel, *_fake_args(dtype), options=opts)
         fn(a.detach(), b.detach(), c, bias.detach(), num_ctas)
         return
     args = _dlpack_args(a, b, c, bias, num_ctas)
     if fn is None:
-        fn = _compiled[key] = cute.compile(PromotedGemmSm90(tile_m, tile_n, has_bias), *args)
+        kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m)
+        fn = _compiled[key] = cute.compile(kernel, *args)
     fn(*args)
 
 
@@ -178,7 +180,8 @@ def gemm(
     tiles = -(-M // tile_m) * -(-N // tile_n)
     num_ctas = min(tiles, _sm_count(a.device.index or 0))
     with torch.cuda.device(a.device):
-        _launch((a.dtype, tile_m, tile_n, bias is not None), a, b, c, bias_t, num_ctas)
+        key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None)
+        _launch(key, a, b, c, bias_t, num_ctas)
     return c if Np == N else c[:, :N].contiguous()
 
 
