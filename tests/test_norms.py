@@ -191,3 +191,33 @@ def test_triton_embedding_backward_adds_tokens_in_ascending_order():
         alone = tn.embedding_backward(dy[t : t + 1], None, ids[t : t + 1], table, rstd[t : t + 1])
         acc = acc + alone[1]
     assert torch.equal(total[1], acc)
+
+
+@pytest.mark.parametrize("variant", ["plain", "centred"])
+@pytest.mark.parametrize("T", [1, 64, 131])
+def test_rms_backward_row_pairs_variant_keeps_dweight_bits(variant, T):
+    """The two-rows-per-step backward (an exploration variant, not the default) gives the
+    same dweight bits (same products, same ascending order) and a dx close to the one-row
+    path's (its row_dot tree is its own)."""
+    from opcontract.backends.torch.norms import DW_ROWS
+    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import norms_kernels as k
+
+    g = torch.Generator().manual_seed(T)
+    H = 72
+    x = torch.randn(T, H, generator=g).to(DEVICE)
+    dy = torch.randn(T, H, generator=g).to(DEVICE)
+    w = (torch.randn(H, generator=g) * 0.3).to(DEVICE)
+    _, _, rstd = tn.forward(x, w, None, variant, 1e-5)
+    n = -(-T // DW_ROWS)
+    out = {}
+    for pairs in (False, True):
+        dx, parts = torch.empty_like(x), torch.empty(n, H, device=DEVICE)
+        k._rms_bwd_kernel[(n,)](
+            dy, dy, x, w, rstd, dx, parts, T, H, x.stride(0), HAS_DRES=False,
+            VARIANT=tn._VARIANT[variant], ROWS=DW_ROWS, BLOCK_H=tn._block_h(H), STAGES=2,
+            PAIRS=pairs, num_warps=4,
+        )  # fmt: skip
+        out[pairs] = dx, parts
+    assert torch.equal(out[False][1], out[True][1])
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-5, atol=1e-6)

@@ -55,7 +55,7 @@ def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, e
 @triton.jit
 def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T, H, stride,
                     HAS_DRES: tl.constexpr, VARIANT: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
+                    BLOCK_H: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr = False):
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     if VARIANT < 2:
@@ -63,22 +63,50 @@ def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T
     dw = tl.zeros((BLOCK_H,), tl.float32)
     # dweight_t: this block's rows in ascending order; the next row's loads are issued while
     # this one computes (pipelining moves loads, never the order of the adds)
-    for i in tl.range(ROWS, num_stages=STAGES):
-        row = tl.program_id(0).to(tl.int64) * ROWS + i
-        m = mask & ((cols.to(tl.int64) * 0 + row) < T)
-        x32 = tl.load(x_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + tl.minimum(row, T - 1))  # rows past T: masked below
-        xhat = x32 * rstd
-        g = dy
-        if VARIANT < 2:
-            g = dy * s
-        dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=0) / H))
-        if HAS_DRES:
-            dx += tl.load(dres_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + row * stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
-        if VARIANT < 2:
-            dw += dy * xhat
+    if PAIRS:
+        # Two rows per step as one [2, BLOCK_H] tile: one reduction serves both row dots (a
+        # different row_dot tree from the one-row path's, the same for every row); dweight
+        # still adds row 2i, then row 2i + 1.
+        pair = tl.arange(0, 2)
+        for i in tl.range(0, ROWS, 2, num_stages=STAGES):
+            row = tl.program_id(0).to(tl.int64) * ROWS + i + pair
+            m = mask[None, :] & (row < T)[:, None]
+            offs = row[:, None] * stride + cols[None, :]
+            x32 = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + tl.minimum(row, T - 1))  # rows past T: masked below
+            xhat = x32 * rstd[:, None]
+            g = dy
+            if VARIANT < 2:
+                g = dy * s[None, :]
+            dot = tl.sum(g * xhat, axis=1) / H
+            dx = rstd[:, None] * (g - xhat * dot[:, None])
+            if HAS_DRES:
+                dx += tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
+            if VARIANT < 2:  # exact row extraction: a sum of the row and a zero
+                first = pair[:, None] == 0
+                dw += tl.sum(tl.where(first, dy, 0.0), axis=0) * tl.sum(
+                    tl.where(first, xhat, 0.0), axis=0)
+                dw += tl.sum(tl.where(first, 0.0, dy), axis=0) * tl.sum(
+                    tl.where(first, 0.0, xhat), axis=0)
+    else:
+        for i in tl.range(ROWS, num_stages=STAGES):
+            row = tl.program_id(0).to(tl.int64) * ROWS + i
+            m = mask & ((cols.to(tl.int64) * 0 + row) < T)
+            x32 = tl.load(x_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + tl.minimum(row, T - 1))  # rows past T: masked below
+            xhat = x32 * rstd
+            g = dy
+            if VARIANT < 2:
+                g = dy * s
+            dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=0) / H))
+            if HAS_DRES:
+                dx += tl.load(dres_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + row * stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
+            if VARIANT < 2:
+                dw += dy * xhat
     if VARIANT < 2:
         tl.store(dwp_ptr + tl.program_id(0).to(tl.int64) * H + cols, dw, mask=mask)
 
@@ -142,12 +170,19 @@ def _embed_dtable_kernel(dy_ptr, draw_ptr, order_ptr, starts_ptr, ends_ptr, tabl
             for i in range(start, end):
                 t = tl.load(order_ptr + i).to(tl.int64)
                 x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0)
-                xhat = x32.to(tl.float32) * tl.load(rstd_ptr + t)
+                rstd = tl.load(rstd_ptr + t)
+                xhat = x32.to(tl.float32) * rstd
                 dy = tl.load(dy_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-                # the product as fma(rstd, ., +0): rounded on its own, so it can't be
-                # contracted into the sum's add (acc + dx adds the token's rounded gradient)
-                dx = tl.math.fma(tl.load(rstd_ptr + t), dy - xhat * tl.load(c_ptr + t), 0.0)
+                q = dy - xhat * tl.load(c_ptr + t)
                 if HAS_DRAW:
-                    dx += tl.load(draw_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
+                    # rstd * q + d_raw written as the token pass wrote it: where Triton fuses
+                    # (its default) one fma, rounded once, as that pass's dx was; never fused
+                    # with the sum's add (the add's operand is this add, not a product)
+                    draw = tl.load(draw_ptr + t * H + cols, mask=mask, other=0.0)
+                    dx = rstd * q + draw.to(tl.float32)
+                else:
+                    # the product as fma(rstd, q, +0): rounded on its own, so it can't be
+                    # contracted into the sum's add (acc + dx adds the token's rounded dx)
+                    dx = tl.math.fma(rstd, q, 0.0)
                 acc += dx
             tl.store(out_ptr + v * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
