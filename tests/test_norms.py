@@ -175,22 +175,89 @@ def test_triton_embedding_backward_is_exact_enough_deterministic_and_syncless(
     assert ((first.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 
-def test_triton_embedding_backward_adds_tokens_in_ascending_order():
+@pytest.mark.parametrize("with_raw", [False, True])
+def test_triton_embedding_backward_adds_tokens_in_ascending_order(with_raw):
     """A row used by many tokens gets exactly the float32 left-to-right sum of its tokens'
-    gradients, each computed alone (the same kernel on one-token calls)."""
+    gradients, each computed alone (the same kernel on one-token calls). (The torch
+    backend's float32 token gradients are not bitwise the kernel's, so they can't serve.)"""
     from opcontract.backends.triton import norms as tn
 
     g = torch.Generator().manual_seed(6)
     table = torch.randn(3, 40, generator=g).to(DEVICE)
     ids = torch.tensor([1, 2, 1, 1, 0, 1, 1], device=DEVICE)
     dy = (torch.randn(7, 40, generator=g) * torch.logspace(-3, 3, 7).unsqueeze(1)).to(DEVICE)
+    d_raw = torch.randn(7, 40, generator=g).to(DEVICE) if with_raw else None
     _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
-    total = tn.embedding_backward(dy, None, ids, table, rstd)
+    total = tn.embedding_backward(dy, d_raw, ids, table, rstd)
     acc = torch.zeros(40, device=DEVICE)
     for t in (0, 2, 3, 5, 6):  # row 1's tokens, ascending
-        alone = tn.embedding_backward(dy[t : t + 1], None, ids[t : t + 1], table, rstd[t : t + 1])
+        one = slice(t, t + 1)
+        draw = d_raw[one] if with_raw else None
+        alone = tn.embedding_backward(dy[one], draw, ids[one], table, rstd[one])
         acc = acc + alone[1]
     assert torch.equal(total[1], acc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_embedding_grad_through_the_op_writes_every_row(dtype, monkeypatch):
+    """Through the op (backend triton, y and raw both carrying gradients): table.grad within
+    the contract's grad tolerance of float64, equal run to run, and rows no token used are
+    exactly zero although every new float buffer starts as NaN (torch.empty poisoned): the
+    table pass writes every row, so no zero-fill is needed."""
+    from opcontract.contracts import load_all
+
+    g = torch.Generator().manual_seed(7)
+    V, H, T = 24, 48, 9
+    table = torch.randn(V, H, generator=g).to(dtype).to(DEVICE)
+    ids = torch.tensor([23, 0, 5, 23, 0, 23, 11, 23, 5], device=DEVICE)  # rows 0 and V - 1
+    dy = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
+    d_raw = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
+    empty = torch.empty
+
+    def poisoned(*a, **k):
+        t = empty(*a, **k)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    op = dispatch.op("normalized_embedding", backend="triton")
+    grads = []
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", poisoned)
+        for _ in range(2):
+            leaf = table.clone().requires_grad_()
+            out = op(ids, leaf, return_raw=True)
+            torch.autograd.backward((out.y, out.raw), (dy, d_raw))
+            grads.append(leaf.grad)
+    assert grads[0].dtype == dtype
+    assert torch.equal(grads[0], grads[1])
+    unused = [v for v in range(V) if v not in (0, 5, 11, 23)]
+    assert torch.equal(grads[0][unused], torch.zeros(len(unused), H, dtype=dtype, device=DEVICE))
+    ref = _embedding_grad_oracle(dy, d_raw, ids, table)
+    tol = load_all()["normalized_embedding"].grad_tolerance[str(dtype).split(".")[1]]
+    assert ((grads[0].double() - ref).norm() / ref.norm()).item() <= tol
+
+
+@pytest.mark.gpu
+def test_triton_embedding_backward_never_syncs_the_host():
+    """torch's sync debug mode turns any host synchronisation in the backward into an error
+    (the kernels are compiled by a first call outside it)."""
+    from opcontract.backends.triton import norms as tn
+
+    g = torch.Generator(device="cuda").manual_seed(8)
+    V, H, T = 3000, 1536, 700
+    table = torch.randn(V, H, device="cuda", generator=g).bfloat16()
+    ids = torch.randint(0, V, (T,), device="cuda", generator=g)
+    dy = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    d_raw = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
+    for draw in (None, d_raw):
+        eager = tn.embedding_backward(dy, draw, ids, table, rstd)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = tn.embedding_backward(dy, draw, ids, table, rstd)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(out, eager)
 
 
 @pytest.mark.parametrize("variant", ["plain", "centred"])
