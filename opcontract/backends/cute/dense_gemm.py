@@ -133,19 +133,19 @@ def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
 
     dtype, tile_m, tile_n, group_m, has_bias = key
     ffi = _tvm_ffi()
+    args = None if ffi else _dlpack_args(a, b, c, bias, num_ctas)
     fn = _compiled.get(key)
-    if ffi:
-        if fn is None:
-            kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m)
-            opts = "--enable-tvm-ffi"
-            fn = _compiled[key] = cute.compile(kernel, *_fake_args(dtype), options=opts)
-        fn(a.detach(), b.detach(), c, bias.detach(), num_ctas)
-        return
-    args = _dlpack_args(a, b, c, bias, num_ctas)
     if fn is None:
         kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m)
-        fn = _compiled[key] = cute.compile(kernel, *args)
-    fn(*args)
+        if ffi:
+            fn = cute.compile(kernel, *_fake_args(dtype), options="--enable-tvm-ffi")
+        else:
+            fn = cute.compile(kernel, *args)
+        _compiled[key] = fn
+    if ffi:
+        fn(a.detach(), b.detach(), c, bias.detach(), num_ctas)
+    else:
+        fn(*args)
 
 
 def gemm(

@@ -104,6 +104,10 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
     return dx, dw
 
 
+EMBED_BLOCK = 1024  # columns per program of the embedding backward's table pass
+EMBED_ROWS = 8  # table rows per program: V x 7 one-row programs would mostly write zeros
+
+
 def embedding_forward(ids, table, eps, want_raw=True):
     """(y, raw, rstd); raw is [0, H] (never written) unless ``want_raw``."""
     from opcontract.backends.triton import norms_kernels as k
@@ -176,7 +180,3 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
         num_warps=4,
     )
     return dtable
-
-
-EMBED_BLOCK = 1024  # columns per program of the table pass
-EMBED_ROWS = 8  # table rows per program: V x 7 one-row programs would mostly write zeros

@@ -167,17 +167,18 @@ def _embed_dtable_kernel(dy_ptr, draw_ptr, order_ptr, starts_ptr, ends_ptr, tabl
             start = tl.load(starts_ptr + v)
             end = tl.load(ends_ptr + v)
             acc = tl.zeros((BLOCK,), tl.float32)
+            # the row's table values, read once for all its tokens (not at all without any)
+            used = mask & ((cols.to(tl.int64) * 0 + end) > start)
+            x32 = tl.load(table_ptr + v * stride_t + cols, mask=used, other=0.0).to(tl.float32)
             for i in range(start, end):
                 t = tl.load(order_ptr + i).to(tl.int64)
-                x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0)
                 rstd = tl.load(rstd_ptr + t)
-                xhat = x32.to(tl.float32) * rstd
+                xhat = x32 * rstd
                 dy = tl.load(dy_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
                 q = dy - xhat * tl.load(c_ptr + t)
                 if HAS_DRAW:
-                    # rstd * q + d_raw written as the token pass wrote it: where Triton fuses
-                    # (its default) one fma, rounded once, as that pass's dx was; never fused
-                    # with the sum's add (the add's operand is this add, not a product)
+                    # rstd * q + d_raw: one fma where Triton fuses (its default), rounded
+                    # once; never fused with the sum's add (its operand is an add)
                     draw = tl.load(draw_ptr + t * H + cols, mask=mask, other=0.0)
                     dx = rstd * q + draw.to(tl.float32)
                 else:
