@@ -1,7 +1,10 @@
 """The Triton RMSNorm kernels' launch choices on one GPU, Muse Glimmer's H = 6656, bf16:
 forward warps (they fix row_square's tree, so one count serves every T) and backward warps
-and pipeline depth, timed at decode and training T. Reports which choices keep the shipped
-bits (same tree) and which move them.
+and pipeline depth, timed at decode and training T; then, replayed from CUDA graphs (GPU time
+alone), the backward's parts (row pass, weight-gradient partial sums, against the replaced
+one-load-at-a-time sum) and the normalized embedding's backward (its sort, row search and
+table pass, at several table rows per program). Reports which choices keep the shipped bits
+(same tree) and which move them.
 
     python benchmarks/norm_kernels_explore.py --out results.json
 """
@@ -75,7 +78,18 @@ def _fwd(x, w, res, warps, w_first=True):
     return y, rstd
 
 
-def _bwd(dy, x, w, rstd, warps, stages, pairs=False):
+@triton.jit
+def _sum_partials_loop_kernel(p_ptr, out_ptr, N_PARTS, H, BLOCK: tl.constexpr):
+    """The replaced partial sum (for comparison): one partial's load at a time."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < H
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for i in tl.range(0, N_PARTS, num_stages=4):
+        acc += tl.load(p_ptr + i * H + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _bwd(dy, x, w, rstd, warps, stages, sum_parts=True):
     T = x.shape[0]
     dx = torch.empty_like(x)
     n_parts = -(-T // DW_ROWS)
@@ -97,11 +111,143 @@ def _bwd(dy, x, w, rstd, warps, stages, pairs=False):
         ROWS=DW_ROWS,
         BLOCK_H=host._block_h(H),
         STAGES=stages,
-        PAIRS=pairs,
         num_warps=warps,
     )
-    k._sum_partials_kernel[(-(-H // 64),)](parts, dw, n_parts, H, BLOCK=64)
-    return dx, dw
+    if sum_parts:
+        host.sum_partials(parts, n_parts, dw)
+    return dx, dw, parts
+
+
+def _graph_row(rows, name, T, fn, rep_ms, nbytes, gbps, **extra):
+    ms = bench_graph(fn, rep_ms)
+    rows.append({"pass": name, "T": T, "ms": ms, "graph": True, **extra})
+    if nbytes:
+        rows[-1]["fraction_of_copy"] = nbytes / ms / 1e6 / gbps
+    print(rows[-1], flush=True)
+
+
+def _backward_parts(rows, T, x, w, dy, rstd, gbps, rep_ms):
+    """The shipped backward replayed from a graph: whole, row pass alone, partial sums
+    alone (shipped and the replaced loop), with bits compared."""
+    e = x.element_size()
+    n_parts = -(-T // DW_ROWS)
+    dx, dw, parts = _bwd(dy, x, w, rstd, 8, host._bwd_stages(host._block_h(H), e))
+    loop_dw = torch.empty_like(dw)
+    grid = (-(-H // 64),)
+    _sum_partials_loop_kernel[grid](parts, loop_dw, n_parts, H, BLOCK=64)
+    whole = host.backward(dy, None, x, w, rstd, "centred")
+    same = bool(torch.equal(whole[0], dx) and torch.equal(whole[1], dw))
+    _graph_row(
+        rows,
+        "backward.whole",
+        T,
+        lambda: host.backward(dy, None, x, w, rstd, "centred"),
+        rep_ms,
+        3 * T * H * e,
+        gbps,
+        kernel="centred",
+        bits_equal_to_parts=same,
+    )
+    stages = host._bwd_stages(host._block_h(H), e)
+    _graph_row(
+        rows,
+        "backward.row_pass",
+        T,
+        lambda: _bwd(dy, x, w, rstd, 8, stages, sum_parts=False),
+        rep_ms,
+        3 * T * H * e,
+        gbps,
+        kernel="centred",
+    )
+    _graph_row(
+        rows,
+        "backward.sum_partials",
+        T,
+        lambda: host.sum_partials(parts, n_parts, dw),
+        rep_ms,
+        4 * n_parts * H,
+        gbps,
+        unroll=host.PARTIALS_UNROLL,
+    )
+    _graph_row(
+        rows,
+        "backward.sum_partials (replaced loop)",
+        T,
+        lambda: _sum_partials_loop_kernel[grid](parts, loop_dw, n_parts, H, BLOCK=64),
+        rep_ms,
+        4 * n_parts * H,
+        gbps,
+        bits_equal_to_shipped=bool(torch.equal(loop_dw, dw)),
+    )
+
+
+def _embedding_parts(rows, T, gbps, rep_ms, V=202048):
+    """The embedding backward replayed from a graph: whole at several rows per program
+    (bits compared), and its sort, row search and table pass alone."""
+    g = torch.Generator(device="cuda").manual_seed(T)
+    table = torch.randn(V, H, device="cuda", generator=g).bfloat16()
+    ids = torch.randint(0, V, (T,), device="cuda", generator=g)
+    dy = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    _, _, rstd = host.embedding_forward(ids, table, 1e-5, False)
+    e = table.element_size()
+    nbytes = V * H * e + 2 * T * H * e  # the table written; dy and each token's row read
+    shipped = host.EMBED_ROWS
+    first = None
+    for rows_per in (1, 2, 4, 8):
+        host.EMBED_ROWS = rows_per
+        out = host.embedding_backward(dy, None, ids, table, rstd)
+        first = out if first is None else first
+        _graph_row(
+            rows,
+            "embedding_backward.whole",
+            T,
+            lambda: host.embedding_backward(dy, None, ids, table, rstd),
+            rep_ms,
+            nbytes,
+            gbps,
+            rows_per_program=rows_per,
+            bits_equal_to_first=bool(torch.equal(out, first)),
+        )
+    host.EMBED_ROWS = shipped
+    order = torch.argsort(ids, stable=True)
+    sorted_ids = ids[order]
+    r = torch.arange(V, device="cuda")
+    _graph_row(
+        rows,
+        "embedding_backward.argsort",
+        T,
+        lambda: torch.argsort(ids, stable=True),
+        rep_ms,
+        0,
+        gbps,
+    )
+    _graph_row(
+        rows,
+        "embedding_backward.argsort_int32",
+        T,
+        lambda: torch.argsort(ids.int(), stable=True),
+        rep_ms,
+        0,
+        gbps,
+    )
+    _graph_row(
+        rows,
+        "embedding_backward.searchsorted",
+        T,
+        lambda: torch.searchsorted(sorted_ids, r, right=True),
+        rep_ms,
+        0,
+        gbps,
+    )
+    _graph_row(
+        rows,
+        "embedding_backward.zeros (memset of the table)",
+        T,
+        lambda: torch.zeros_like(table),
+        rep_ms,
+        V * H * e,
+        gbps,
+    )
 
 
 def main() -> int:
@@ -157,26 +303,18 @@ def main() -> int:
             continue
         _, rstd = _fwd(x, w, None, 8)
         ref_b = None
-        variants = [(wp, st, False) for wp in (8, 16, 32) for st in (1, 2, 3, 4)]
-        variants += [(wp, st, True) for wp in (8, 16) for st in (2, 3, 4)]  # two rows a step
-        for warps, stages, pairs in variants:
+        for warps, stages in [(wp, st) for wp in (8, 16) for st in (3, 4)]:
             try:
-                dx, dw = _bwd(dy, x, w, rstd, warps, stages, pairs)
+                dx, dw, _ = _bwd(dy, x, w, rstd, warps, stages)
                 ms = bench(
-                    lambda: _bwd(dy, x, w, rstd, warps, stages, pairs),  # noqa: B023
+                    lambda: _bwd(dy, x, w, rstd, warps, stages),  # noqa: B023
                     rep_ms=args.rep_ms,
                 )[0]
             except Exception as exc:  # e.g. out of shared memory or registers
                 rows.append(
-                    {
-                        "pass": "backward",
-                        "T": T,
-                        "num_warps": warps,
-                        "stages": stages,
-                        "row_pairs": pairs,
-                        "error": repr(exc)[:200],
-                    }
-                )
+                    {"pass": "backward", "T": T, "num_warps": warps, "stages": stages,
+                     "error": repr(exc)[:200]}
+                )  # fmt: skip
                 continue
             ref_b = ref_b or (dx, dw)
             nbytes = 3 * T * H * e
@@ -187,7 +325,6 @@ def main() -> int:
                     "T": T,
                     "num_warps": warps,
                     "stages": stages,
-                    "row_pairs": pairs,
                     "ms": ms,
                     "fraction_of_copy": nbytes / ms / 1e6 / gbps,
                     "dx_bits_equal_to_first": bool(torch.equal(dx, ref_b[0])),
@@ -195,6 +332,8 @@ def main() -> int:
                 }
             )
             print(rows[-1], flush=True)
+        _backward_parts(rows, T, x, w, dy, rstd, gbps, args.rep_ms)
+        _embedding_parts(rows, T, gbps, args.rep_ms)
     write(
         args.out,
         {

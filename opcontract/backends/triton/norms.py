@@ -76,7 +76,7 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
     has_w = variant != "weightless"
     n_parts = -(-T // DW_ROWS)
     parts = torch.empty((max(n_parts, 1), H), dtype=torch.float32, device=x_in.device)
-    dw = torch.zeros_like(weight) if has_w else None
+    dw = (torch.zeros_like(weight) if T == 0 else torch.empty_like(weight)) if has_w else None
     if T == 0:
         return dx, dw
     bh = _block_h(H)
@@ -99,13 +99,25 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         num_warps=_warps(bh),  # with BLOCK_H, row_dot's tree
     )
     if has_w:
-        block = 64  # 104 programs at H = 6656: each walks the partials of its columns
-        k._sum_partials_kernel[(-(-H // block),)](parts, dw, n_parts, H, BLOCK=block)
+        sum_partials(parts, n_parts, dw)
     return dx, dw
 
 
-EMBED_BLOCK = 1024  # columns per program of the embedding backward's table pass
-EMBED_ROWS = 8  # table rows per program: V x 7 one-row programs would mostly write zeros
+PARTIALS_BLOCK = 64  # columns per program: 104 programs at H = 6656
+PARTIALS_UNROLL = 16  # partials whose loads are issued together
+
+
+def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
+    """out[h] = (((0 + parts[0, h]) + parts[1, h]) + ...), rounded once to out's dtype."""
+    from opcontract.backends.triton import norms_kernels as k
+
+    H = out.shape[0]
+    k._sum_partials_kernel[(-(-H // PARTIALS_BLOCK),)](
+        parts, out, n_parts, H, BLOCK=PARTIALS_BLOCK, UNROLL=PARTIALS_UNROLL, num_warps=2
+    )
+
+
+EMBED_ROWS = 2  # table rows per program of the embedding backward (whole rows)
 
 
 def embedding_forward(ids, table, eps, want_raw=True):
@@ -138,45 +150,34 @@ def embedding_forward(ids, table, eps, want_raw=True):
 def embedding_backward(dy, d_raw, ids, table, rstd):
     """dtable: per table row, its tokens' float32 gradients summed in ascending token order,
     rounded once; rows no token used are zeros. No host sync (the pass can be captured in a
-    CUDA graph) and no [T, H] intermediate: a [T] row-dot pass, then one pass over the table.
+    CUDA graph) and no [T, H] intermediate: one pass over the table, whole rows.
     """
     from opcontract.backends.triton import norms_kernels as k
 
-    T, (V, H) = ids.shape[0], table.shape
+    V, H = table.shape
     table = table if table.stride(-1) == 1 else table.contiguous()
     dtable = torch.empty((V, H), dtype=table.dtype, device=table.device)
     if V == 0 or H == 0:
         return dtable
     ids = ids.contiguous()
-    dy = dy.contiguous()
-    c = torch.empty(T, dtype=torch.float32, device=table.device)
-    if T:
-        bh = _block_h(H)
-        k._embed_rowdot_kernel[(T,)](
-            dy, ids, table, rstd, c, H, table.stride(0), BLOCK_H=bh, num_warps=_warps(bh)
-        )
     order = torch.argsort(ids, stable=True)  # each id's tokens stay in ascending order
     rows = torch.arange(V, device=ids.device, dtype=ids.dtype)
-    sorted_ids = ids[order]
-    starts = torch.searchsorted(sorted_ids, rows)
-    ends = torch.searchsorted(sorted_ids, rows, right=True)
-    block = EMBED_BLOCK
-    k._embed_dtable_kernel[(-(-V // EMBED_ROWS), -(-H // block))](
-        dy,
+    ends = torch.searchsorted(ids[order], rows, right=True)  # row v: [ends[v - 1], ends[v])
+    bh = _block_h(H)
+    k._embed_bwd_kernel[(-(-V // EMBED_ROWS),)](
+        dy.contiguous(),
         d_raw.contiguous() if d_raw is not None else dy,
         order,
-        starts,
         ends,
         table,
         rstd,
-        c,
         dtable,
         V,
         H,
         table.stride(0),
         HAS_DRAW=d_raw is not None,
         ROWS=EMBED_ROWS,
-        BLOCK=block,
-        num_warps=4,
+        BLOCK_H=bh,
+        num_warps=_warps(bh),  # with BLOCK_H, the forward's row tree
     )
     return dtable

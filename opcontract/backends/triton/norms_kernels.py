@@ -5,9 +5,9 @@ num_warps, the same for every row. The backward's program walks DW_ROWS rows in 
 order, writing each row's dx and summing its weight-gradient partial in float32; a second
 kernel adds the partials in ascending order. No atomics.
 
-The embedding's backward: a [T] pass computes each token's row dot with the forward's tree;
-one pass over the table then writes every row (zeros where no token used it), each summing
-its tokens' float32 gradients in ascending token order. No atomics, no host sync.
+The embedding's backward is one pass over the table: a program writes whole rows, zeros where
+no token used the row, otherwise its tokens' float32 gradients (each with its row dot in the
+forward's tree) summed in ascending token order. No atomics, no host sync.
 """
 
 # fmt: off
@@ -55,7 +55,7 @@ def _rms_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, rstd_ptr, H, stride, e
 @triton.jit
 def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T, H, stride,
                     HAS_DRES: tl.constexpr, VARIANT: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_H: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr = False):
+                    BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     if VARIANT < 2:
@@ -63,61 +63,37 @@ def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T
     dw = tl.zeros((BLOCK_H,), tl.float32)
     # dweight_t: this block's rows in ascending order; the next row's loads are issued while
     # this one computes (pipelining moves loads, never the order of the adds)
-    if PAIRS:
-        # Two rows per step as one [2, BLOCK_H] tile: one reduction serves both row dots (a
-        # different row_dot tree from the one-row path's, the same for every row); dweight
-        # still adds row 2i, then row 2i + 1.
-        pair = tl.arange(0, 2)
-        for i in tl.range(0, ROWS, 2, num_stages=STAGES):
-            row = tl.program_id(0).to(tl.int64) * ROWS + i + pair
-            m = mask[None, :] & (row < T)[:, None]
-            offs = row[:, None] * stride + cols[None, :]
-            x32 = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            rstd = tl.load(rstd_ptr + tl.minimum(row, T - 1))  # rows past T: masked below
-            xhat = x32 * rstd[:, None]
-            g = dy
-            if VARIANT < 2:
-                g = dy * s[None, :]
-            dot = tl.sum(g * xhat, axis=1) / H
-            dx = rstd[:, None] * (g - xhat * dot[:, None])
-            if HAS_DRES:
-                dx += tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
-            if VARIANT < 2:  # exact row extraction: a sum of the row and a zero
-                first = pair[:, None] == 0
-                dw += tl.sum(tl.where(first, dy, 0.0), axis=0) * tl.sum(
-                    tl.where(first, xhat, 0.0), axis=0)
-                dw += tl.sum(tl.where(first, 0.0, dy), axis=0) * tl.sum(
-                    tl.where(first, 0.0, xhat), axis=0)
-    else:
-        for i in tl.range(ROWS, num_stages=STAGES):
-            row = tl.program_id(0).to(tl.int64) * ROWS + i
-            m = mask & ((cols.to(tl.int64) * 0 + row) < T)
-            x32 = tl.load(x_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
-            rstd = tl.load(rstd_ptr + tl.minimum(row, T - 1))  # rows past T: masked below
-            xhat = x32 * rstd
-            g = dy
-            if VARIANT < 2:
-                g = dy * s
-            dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=0) / H))
-            if HAS_DRES:
-                dx += tl.load(dres_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
-            tl.store(dx_ptr + row * stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
-            if VARIANT < 2:
-                dw += dy * xhat
+    for i in tl.range(ROWS, num_stages=STAGES):
+        row = tl.program_id(0).to(tl.int64) * ROWS + i
+        m = mask & ((cols.to(tl.int64) * 0 + row) < T)
+        x32 = tl.load(x_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + tl.minimum(row, T - 1))  # rows past T: masked below
+        xhat = x32 * rstd
+        g = dy
+        if VARIANT < 2:
+            g = dy * s
+        dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=0) / H))
+        if HAS_DRES:
+            dx += tl.load(dres_ptr + row * stride + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
+        if VARIANT < 2:
+            dw += dy * xhat
     if VARIANT < 2:
         tl.store(dwp_ptr + tl.program_id(0).to(tl.int64) * H + cols, dw, mask=mask)
 
 
 @triton.jit
-def _sum_partials_kernel(p_ptr, out_ptr, N_PARTS, H, BLOCK: tl.constexpr):
+def _sum_partials_kernel(p_ptr, out_ptr, N_PARTS, H, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
     acc = tl.zeros((BLOCK,), tl.float32)
-    for i in tl.range(0, N_PARTS, num_stages=4):  # ascending blocks of rows, loads ahead
-        acc += tl.load(p_ptr + i * H + cols, mask=mask, other=0.0)
+    # ascending blocks of rows, UNROLL loads issued ahead of their adds; a partial past
+    # N_PARTS loads as +0, and acc + 0 is acc (acc starts at +0, so it is never -0)
+    for i0 in range(0, N_PARTS, UNROLL):
+        for j in tl.static_range(UNROLL):
+            i = i0 + j
+            acc += tl.load(p_ptr + i * H + cols, mask=mask & (cols * 0 + i < N_PARTS), other=0.0)
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -138,44 +114,30 @@ def _embed_fwd_kernel(ids_ptr, table_ptr, y_ptr, raw_ptr, rstd_ptr, H, stride_t,
 
 
 @triton.jit
-def _embed_rowdot_kernel(dy_ptr, ids_ptr, table_ptr, rstd_ptr, c_ptr, H, stride_t,
-                         BLOCK_H: tl.constexpr):
-    """c[t] = (sum_h dy * xhat) / H for one token: the forward's row tree (BLOCK_H, warps)."""
-    row = tl.program_id(0).to(tl.int64)
+def _embed_bwd_kernel(dy_ptr, draw_ptr, order_ptr, ends_ptr, table_ptr, rstd_ptr, out_ptr, V, H,
+                      stride_t, HAS_DRAW: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
+    """dtable for ROWS table rows, whole rows: row v's tokens are order[ends[v-1]:ends[v]],
+    ascending. Per token, c = (sum_h dy * xhat) / H with the forward's row tree (BLOCK_H and
+    num_warps are the forward's), dx = rstd * (dy - xhat * c) (+ d_raw) in float32; the
+    tokens' dx are summed in float32 from zero, rounded once. A row without tokens is
+    written as zeros, its table values never read."""
     cols = tl.arange(0, BLOCK_H)
-    mask = cols < H
-    v = tl.load(ids_ptr + row).to(tl.int64)
-    x32 = tl.load(table_ptr + v * stride_t + cols, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.load(rstd_ptr + row)
-    tl.store(c_ptr + row, tl.sum(dy * (x32 * rstd), axis=0) / H)
-
-
-@triton.jit
-def _embed_dtable_kernel(dy_ptr, draw_ptr, order_ptr, starts_ptr, ends_ptr, table_ptr,
-                         rstd_ptr, c_ptr, out_ptr, V, H, stride_t,
-                         HAS_DRAW: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """dtable_t for ROWS table rows and BLOCK columns: each row's tokens' gradients in
-    ascending token order (order[starts[v]:ends[v]]), each dx = rstd * (dy - xhat * c) in
-    float32 (+ d_raw), summed in float32 from zero and rounded once. A row without tokens is
-    written as zeros (several rows per program: most rows of a vocabulary have none)."""
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
     for r in range(ROWS):
         v = tl.program_id(0).to(tl.int64) * ROWS + r
         if v < V:
-            start = tl.load(starts_ptr + v)
+            start = tl.load(ends_ptr + v - 1, mask=v > 0, other=0)
             end = tl.load(ends_ptr + v)
-            acc = tl.zeros((BLOCK,), tl.float32)
-            # the row's table values, read once for all its tokens (not at all without any)
+            acc = tl.zeros((BLOCK_H,), tl.float32)
             used = mask & ((cols.to(tl.int64) * 0 + end) > start)
             x32 = tl.load(table_ptr + v * stride_t + cols, mask=used, other=0.0).to(tl.float32)
             for i in range(start, end):
                 t = tl.load(order_ptr + i).to(tl.int64)
                 rstd = tl.load(rstd_ptr + t)
-                xhat = x32 * rstd
                 dy = tl.load(dy_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-                q = dy - xhat * tl.load(c_ptr + t)
+                xhat = x32 * rstd
+                q = dy - xhat * (tl.sum(dy * xhat, axis=0) / H)
                 if HAS_DRAW:
                     # rstd * q + d_raw: one fma where Triton fuses (its default), rounded
                     # once; never fused with the sum's add (its operand is an add)
