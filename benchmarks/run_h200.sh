@@ -65,6 +65,8 @@ for s in "$@"; do
             --out "$OUT/tuned_dispatch_h200.json" ;;
         verify) stage verify "${VERIFY_LIMIT:-300}" python3 -m opcontract.cli.tune verify \
             --table "$TABLE" --device cuda ${VERIFY_ONLY:+--only "$VERIFY_ONLY"} ;;
+        cute-overlap) stage cute-overlap 240 python3 benchmarks/cute_gemm_overlap_explore.py \
+            --out "$OUT/cute_gemm_overlap_explore_h200.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac

@@ -175,6 +175,30 @@ def test_cute_rows_bitwise_equal_across_batch_sizes():
 
 @pytest.mark.gpu
 @needs_cute
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tiles", [(128, 128), (64, 128), (64, 64)])
+def test_cute_overlapped_promotion_keeps_the_bits(tiles, dtype):
+    """The overlapped main loop (two partials, each chunk added while the next one's MMAs
+    run) gives the plain loop's bits: K at 1, 2 and 13 multiples of 512, with and without
+    bias; K chunks scaled 1e-3..1e3 so that a change in the order of the adds would show."""
+    from opcontract.backends.cute import dense_gemm as dg
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for K in (512, 1024, 6656):
+        scale = torch.logspace(-3, 3, K // 256, device="cuda").repeat_interleave(256)
+        x = (torch.randn(77, K, device="cuda", generator=g) * scale).to(dtype)
+        w = (torch.randn(200, K, device="cuda", generator=g) * K**-0.5).to(dtype)
+        b = torch.randn(200, device="cuda", generator=g).to(dtype)
+        for bias in (None, b):
+            cfg = {"tile_m": tiles[0], "tile_n": tiles[1]}
+            plain = dg.gemm(x, w, bias, {**cfg, "overlap": 0})
+            overlapped = dg.gemm(x, w, bias, {**cfg, "overlap": 1})
+            assert torch.equal(plain, overlapped), (K, bias is not None)
+    assert {key[-1] for key in dg._compiled} == {False, True}  # both loops ran
+
+
+@pytest.mark.gpu
+@needs_cute
 def test_cute_backward_close_to_float64():
     x, w, b = _xwb(37, 300, 70, device="cuda")
     x.requires_grad_(True)

@@ -93,15 +93,17 @@ def test_rms_norm_rows_equal_across_the_weight_load_switch(variant, residual):
     assert torch.equal(big[:64], small)
 
 
-def test_embedding_backward_is_captured_in_a_cuda_graph():
+@pytest.mark.parametrize("V, T", [(5000, 512), (202048, 32768)])
+def test_embedding_backward_is_captured_in_a_cuda_graph(V, T):
     """No host sync in the Triton embedding backward: its step captures and replays, and
-    the replay gives the eager bits."""
+    the replay gives the eager bits (also at Muse Glimmer's vocabulary and a training T,
+    where the sort takes its multi-pass path)."""
     from opcontract.backends.triton import norms as tn
 
     g = torch.Generator(device="cuda").manual_seed(4)
-    table = torch.randn(5000, 6656, device="cuda", generator=g).bfloat16()
-    ids = torch.randint(0, 5000, (512,), device="cuda", generator=g)
-    dy = torch.randn(512, 6656, device="cuda", generator=g).bfloat16()
+    table = torch.randn(V, 6656, device="cuda", generator=g).bfloat16()
+    ids = torch.randint(0, V, (T,), device="cuda", generator=g)
+    dy = torch.randn(T, 6656, device="cuda", generator=g).bfloat16()
     _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
     eager = tn.embedding_backward(dy, None, ids, table, rstd)
     side = torch.cuda.Stream()

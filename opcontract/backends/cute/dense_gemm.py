@@ -21,10 +21,18 @@ import torch
 from opcontract.backends.gemm_op import K_BLOCK  # noqa: F401 - the kernel's CHUNK_K, by contract
 from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
 
-CONFIG = {"tile_m": 128, "tile_n": 128, "group_m": 8}
+CONFIG = {"tile_m": 128, "tile_n": 128, "group_m": 8, "overlap": 1}
 # Tile sizes along M and N decide which CTA computes an element, and group_m (row tiles
-# that share each column block in L2) when; neither the order of an element's sum.
-CONFIG_SPACE = {"tile_m": (64, 128), "tile_n": (64, 128), "group_m": (1, 4, 8, 16)}
+# that share each column block in L2) when; neither the order of an element's sum. overlap
+# (where K is a multiple of 512) adds a chunk's partial while the next chunk's MMAs run:
+# the same operations, in the same order.
+CONFIG_SPACE = {
+    "tile_m": (64, 128),
+    "tile_n": (64, 128),
+    "group_m": (1, 4, 8, 16),
+    "overlap": (0, 1),
+}
+OVERLAP_K = 512  # K multiple the overlapped main loop needs (steps of 8 k-tiles of 64)
 _ALIGN = 8  # elements of 2 bytes per 16 bytes: TMA's stride and base alignment
 
 _compiled: dict[tuple, Any] = {}
@@ -126,17 +134,18 @@ def _dlpack_args(a, b, c, bias, num_ctas):
 
 
 def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
-    """Compile once per key (dtype, tiles, group, bias), then launch on the current stream."""
+    """Compile once per key (dtype, tiles, group, bias, overlap), then launch on the current
+    stream."""
     import cutlass.cute as cute
 
     from opcontract.backends.cute.gemm_kernel import PromotedGemmSm90
 
-    dtype, tile_m, tile_n, group_m, has_bias = key
+    dtype, tile_m, tile_n, group_m, has_bias, overlap = key
     ffi = _tvm_ffi()
     args = None if ffi else _dlpack_args(a, b, c, bias, num_ctas)
     fn = _compiled.get(key)
     if fn is None:
-        kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m)
+        kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap)
         if ffi:
             fn = cute.compile(kernel, *_fake_args(dtype), options="--enable-tvm-ffi")
         else:
@@ -180,7 +189,8 @@ def gemm(
     tiles = -(-M // tile_m) * -(-N // tile_n)
     num_ctas = min(tiles, _sm_count(a.device.index or 0))
     with torch.cuda.device(a.device):
-        key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None)
+        overlap = bool(int(cfg.get("overlap", 0))) and Kp % OVERLAP_K == 0
+        key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap)
         _launch(key, a, b, c, bias_t, num_ctas)
     return c if Np == N else c[:, :N].contiguous()
 

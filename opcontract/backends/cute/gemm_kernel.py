@@ -13,6 +13,9 @@ A.B and A.B + (+0) can differ only in the sign of an exactly-zero partial, which
 absorbs (+0 + -0 = +0), so no bit moves.)
 Tile sizes along M and N and the tile order move no bits: every element sees the same
 instruction sequence; rows beyond M, columns beyond N and k beyond K are TMA's zero fill.
+``overlap`` (for K a multiple of 512) keeps two partials, so that a chunk's partial is added to
+the total while the next chunk's WGMMAs run instead of after draining them: the same
+instructions on the same values, in the same order, so the same bits.
 
 Layout: one producer warp (TMA loads of a and b tiles into a multi-stage mbarrier ring) and one
 or two consumer warpgroups (WGMMA, promotion, epilogue: registers -> shared -> TMA store). The
@@ -44,7 +47,8 @@ class PromotedGemmSm90:
     64 or 128 (a consumer thread then holds two float32 accumulators of tile_n / 2 values).
     """
 
-    def __init__(self, tile_m: int, tile_n: int, has_bias: bool, group_m: int = 8):
+    def __init__(self, tile_m: int, tile_n: int, has_bias: bool, group_m: int = 8,
+                 overlap: bool = False):
         if tile_m not in (64, 128):
             raise ValueError(f"tile_m must be 64 or 128, got {tile_m}")
         if tile_n not in (64, 128):
@@ -53,6 +57,7 @@ class PromotedGemmSm90:
         self.tile_n = tile_n
         self.has_bias = has_bias
         self.group_m = group_m
+        self.overlap = overlap
         self.acc_dtype = cutlass.Float32
         self.atom_layout_mnk = (tile_m // 64, 1, 1)
         self.num_mma_warp_groups = tile_m // 64
@@ -140,6 +145,18 @@ class PromotedGemmSm90:
         return first_m + in_group % rows, in_group // rows
 
     @cute.jit
+    def _issue_k_tile(self, ab_pipe: pipeline.PipelineTmaAsync, read: pipeline.PipelineState,
+                      tiled_mma: cute.TiledMma, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                      part: cute.Tensor):
+        # one k-tile: 4 k16 WGMMAs, ascending, into part; committed as one group, not waited
+        ab_pipe.consumer_wait(read)
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            blk = (None, None, kb, read.index)
+            cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
+        cute.nvgpu.warpgroup.commit_group()
+
+    @cute.jit
     def _mma_k_tile(self, ab_pipe: pipeline.PipelineTmaAsync, read: pipeline.PipelineState,
                     tiled_mma: cute.TiledMma, tCrA: cute.Tensor, tCrB: cute.Tensor,
                     part: cute.Tensor, total: cute.Tensor, kt: cutlass.Int32,
@@ -158,6 +175,28 @@ class PromotedGemmSm90:
             part.fill(0.0)
         else:
             cute.nvgpu.warpgroup.wait_group(1)  # the previous k-tile's MMAs are done
+
+    @cute.jit
+    def _overlapped_step(self, ab_pipe: pipeline.PipelineTmaAsync,
+                         read: pipeline.PipelineState, release: pipeline.PipelineState,
+                         tiled_mma: cute.TiledMma, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                         part: cute.Tensor, part2: cute.Tensor, total: cute.Tensor,
+                         j: cutlass.Constexpr[int]):
+        # step j of 8 (see the consumer loop): issue into this chunk's partial, wait until
+        # only it is in flight, hand the previous k-tile's stage back (the caller advances
+        # the states), and add the chunk that just ended
+        if cutlass.const_expr(3 <= j < 7):
+            self._issue_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part2)
+        else:
+            self._issue_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part)
+        cute.nvgpu.warpgroup.wait_group(1)
+        ab_pipe.consumer_release(release)
+        if cutlass.const_expr(j == 3):
+            total.store(total.load() + part.load())
+            part.fill(0.0)
+        if cutlass.const_expr(j == 7):
+            total.store(total.load() + part2.load())
+            part2.fill(0.0)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
@@ -248,6 +287,9 @@ class PromotedGemmSm90:
             acc_shape = thr_mma.partition_C(gC[(None, None, 0, 0)]).shape
             part = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
             total = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+            part2 = part
+            if cutlass.const_expr(self.overlap):
+                part2 = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
             # the partial starts from zeros in registers: every MMA accumulates
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
 
@@ -283,17 +325,42 @@ class PromotedGemmSm90:
                 tm, tn = self._tile_coords(tile, tiles_m, tiles_n)
                 total.fill(0.0)
                 part.fill(0.0)
-                # k-tile 0 is peeled so that the stage release (one behind) is unconditional
-                self._mma_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part, total,
-                                 cutlass.Int32(0), k_tiles)
-                read.advance()
-                for kt in range(1, k_tiles):
-                    self._mma_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part, total,
-                                     kt, k_tiles)
-                    # k-tile kt - 1's MMAs are complete: hand its buffers back
-                    ab_pipe.consumer_release(release)
-                    release.advance()
+                if cutlass.const_expr(self.overlap):
+                    # k_tiles % 8 == 0 (the host's choice). Chunks alternate between part
+                    # (even) and part2 (odd). k-tile 0 is peeled; the rest run as steps of 8
+                    # k-tiles kt = 8i + 1 + j, then a tail of 7: for j in 0..7 the chunk of kt
+                    # is even for j < 3 or j == 7, odd for 3 <= j < 7; a chunk ends when the
+                    # next one starts (j == 3 adds part, j == 7 adds part2), right after the
+                    # wait that completes its last k-tile; the last chunk (odd) after the loop
+                    part2.fill(0.0)
+                    self._issue_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part)
                     read.advance()
+                    for _step in range(k_tiles // 8 - 1):  # step i
+                        for j in cutlass.range_constexpr(8):
+                            self._overlapped_step(ab_pipe, read, release, tiled_mma, tCrA,
+                                                  tCrB, part, part2, total, j)
+                            release.advance()
+                            read.advance()
+                    for j in cutlass.range_constexpr(7):
+                        self._overlapped_step(ab_pipe, read, release, tiled_mma, tCrA, tCrB,
+                                              part, part2, total, j)
+                        release.advance()
+                        read.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    total.store(total.load() + part2.load())
+                else:
+                    # k-tile 0 is peeled so that the stage release (one behind) is
+                    # unconditional
+                    self._mma_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part, total,
+                                     cutlass.Int32(0), k_tiles)
+                    read.advance()
+                    for kt in range(1, k_tiles):
+                        self._mma_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part, total,
+                                         kt, k_tiles)
+                        # k-tile kt - 1's MMAs are complete: hand its buffers back
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                        read.advance()
                 ab_pipe.consumer_release(release)
                 release.advance()
 

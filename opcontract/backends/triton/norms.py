@@ -117,7 +117,10 @@ def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
     )
 
 
-EMBED_ROWS = 2  # table rows per program of the embedding backward (whole rows)
+# table rows per program of the embedding backward (whole rows). H200, V = 202048,
+# H = 6656, T = 8192, graph replay: 1 / 2 / 4 / 8 rows took 1.57 / 1.18 / 0.97 / 0.91 ms
+# (benchmarks/results/norm_kernels_explore_h200.json at f3725c3)
+EMBED_ROWS = 8
 
 
 def embedding_forward(ids, table, eps, want_raw=True):
@@ -159,10 +162,11 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
     dtable = torch.empty((V, H), dtype=table.dtype, device=table.device)
     if V == 0 or H == 0:
         return dtable
-    ids = ids.contiguous()
-    order = torch.argsort(ids, stable=True)  # each id's tokens stay in ascending order
-    rows = torch.arange(V, device=ids.device, dtype=ids.dtype)
-    ends = torch.searchsorted(ids[order], rows, right=True)  # row v: [ends[v - 1], ends[v])
+    # ids are in [0, V) (validated) and V < 2**31: int32 keys sort in half the passes
+    ids32 = ids.to(torch.int32)
+    order = torch.argsort(ids32, stable=True)  # each id's tokens stay in ascending order
+    rows = torch.arange(V, device=ids.device, dtype=torch.int32)
+    ends = torch.searchsorted(ids32[order], rows, right=True)  # row v: [ends[v - 1], ends[v])
     bh = _block_h(H)
     k._embed_bwd_kernel[(-(-V // EMBED_ROWS),)](
         dy.contiguous(),
