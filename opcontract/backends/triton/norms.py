@@ -118,9 +118,10 @@ def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
 
 
 # table rows per program of the embedding backward (whole rows). H200, V = 202048,
-# H = 6656, T = 8192, graph replay: 1 / 2 / 4 / 8 rows took 1.57 / 1.18 / 0.97 / 0.91 ms
-# (benchmarks/results/norm_kernels_explore_h200.json at f3725c3)
-EMBED_ROWS = 8
+# H = 6656, graph replay, T = 8192 / 32768: 4 / 8 / 16 / 32 rows took 0.925 / 0.868 /
+# 0.857 / 0.877 ms and 1.316 / 1.252 / 1.228 / 1.245 ms; a memset of the table alone takes
+# 0.79 ms (benchmarks/results/norm_kernels_explore_h200.json at af53e45)
+EMBED_ROWS = 16
 
 
 def embedding_forward(ids, table, eps, want_raw=True):
