@@ -505,7 +505,15 @@ def test_train_objective_times_forward_and_backward(tmp_path):
     assert entry["median_ms"] > 0
 
 
-def test_max_batch_tunes_only_the_buckets_up_to_it(tmp_path):
+@pytest.mark.parametrize(
+    "bounds, tuned",
+    [
+        (["--max-batch", "4"], ["2", "4"]),
+        (["--min-batch", "4"], ["4", "8"]),
+        (["--min-batch", "4", "--max-batch", "4"], ["4"]),
+    ],
+)
+def test_batch_bounds_tune_only_the_buckets_between_them(tmp_path, bounds, tuned):
     import optuna
 
     from opcontract.cli.tune import main
@@ -520,9 +528,9 @@ ops:
     )
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     args = ["sweep", str(sweep), "--table", str(tmp_path / "t.json"), "--trials", "1"]
-    assert main([*args, "--storage", storage, "--no-progress", "--max-batch", "4"]) == 0
+    assert main([*args, "--storage", storage, "--no-progress", *bounds]) == 0
     names = sorted(optuna.get_all_study_names(storage))
-    assert [n.rsplit("/", 1)[1] for n in names] == ["2", "4"]
+    assert [n.rsplit("/", 1)[1] for n in names] == tuned
 
 
 def test_graph_timing_is_a_sweep_option_and_eager_off_cuda(tmp_path):

@@ -1,7 +1,7 @@
 """opcontract-tune: offline tuning that cannot change numerics.
 
     opcontract-tune sweep SWEEP.yaml --table TABLE.json [--trials N] [--timeout S] [--storage URL]
-                          [--only OP,...] [--max-batch N] [--compile-workers N]
+                          [--only OP,...] [--max-batch N] [--min-batch N] [--compile-workers N]
     opcontract-tune show [--table TABLE.json]
     opcontract-tune verify [--table TABLE.json] [--only OP,...] [--no-progress]
 
@@ -49,6 +49,7 @@ def _sweep(args) -> int:
             on_result=_report,
             compile_workers=args.compile_workers,
             max_batch=args.max_batch,
+            min_batch=args.min_batch,
         )
     except (SweepError, OSError) as e:
         print(f"opcontract-tune: {e}", file=sys.stderr)
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--no-progress", action="store_true")
     sw.add_argument("--only", default=None, help="comma-separated ops or implementations to tune")
     sw.add_argument("--max-batch", type=int, default=None, help="tune batch sizes up to this")
+    sw.add_argument("--min-batch", type=int, default=None, help="tune batch sizes from this")
     sw.add_argument(
         "--compile-workers",
         type=int,

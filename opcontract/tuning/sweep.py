@@ -312,9 +312,10 @@ def run_sweep(
     on_result: Callable[[StudyResult], None] | None = None,
     compile_workers: int = 0,
     max_batch: int | None = None,
+    min_batch: int | None = None,
 ) -> list[StudyResult]:
     """Run every study of the sweep (of the ops in ``only``, if given; of the batch sizes
-    up to ``max_batch``, if given). As each study ends,
+    from ``min_batch`` up to ``max_batch``, where given). As each study ends,
     the fastest of its verified configs and the default goes into ``table`` with its time
     (the times also let dispatch choose between implementations), and to ``on_result``.
 
@@ -346,7 +347,7 @@ def run_sweep(
             for item in items
             for dt in sweep.dtypes
             for b in item.batch
-            if max_batch is None or b <= max_batch
+            if (max_batch is None or b <= max_batch) and (min_batch is None or b >= min_batch)
         ]
     )
     if compile_workers > 0:
