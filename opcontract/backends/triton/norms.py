@@ -30,7 +30,8 @@ def _bwd_stages(block_h: int, elem_bytes: int) -> int:
 
     Loads only, never the order of an add. On the H200 at H = 6656, bf16, 4 stages ran the
     backward at 0.73-0.76 of copy against 0.52-0.54 for 2
-    (benchmarks/results/norm_kernels_explore_h200.json); capped at 128 KiB of staging.
+    (benchmarks/results/norm_kernels_explore_h200.json as committed with ce7b455); capped at
+    128 KiB of staging.
     """
     return max(1, min(4, (128 << 10) // (2 * block_h * elem_bytes)))
 
