@@ -161,14 +161,9 @@ class PromotedGemmSm90:
                     tiled_mma: cute.TiledMma, tCrA: cute.Tensor, tCrB: cute.Tensor,
                     part: cute.Tensor, total: cute.Tensor, kt: cutlass.Int32,
                     k_tiles: cutlass.Int32):
-        # one k-tile (4 k16 WGMMAs, ascending) into part; at the end of each 256-k chunk and
-        # after the last k-tile: total += part (IEEE fp32), then part = zeros
-        ab_pipe.consumer_wait(read)
-        cute.nvgpu.warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            blk = (None, None, kb, read.index)
-            cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
-        cute.nvgpu.warpgroup.commit_group()
+        # one k-tile into part; at the end of each 256-k chunk and after the last k-tile:
+        # drain, total += part (IEEE fp32), then part = zeros
+        self._issue_k_tile(ab_pipe, read, tiled_mma, tCrA, tCrB, part)
         if (kt + 1) % PROMOTE == 0 or kt + 1 == k_tiles:
             cute.nvgpu.warpgroup.wait_group(0)
             total.store(total.load() + part.load())
