@@ -120,6 +120,23 @@ def test_config_space_moves_no_reduction():
         assert v in dg.CONFIG_SPACE[k]
 
 
+def test_overlapped_loop_only_where_k_is_a_multiple_of_512(monkeypatch):
+    """The host compiles the overlapped loop only when asked and when the (8-padded) K is a
+    multiple of 512 (whole steps of 8 k-tiles); otherwise the plain loop, same bits."""
+    import contextlib
+
+    from opcontract.backends.cute import dense_gemm as dg
+
+    keys = []
+    monkeypatch.setattr(dg, "_launch", lambda key, *a: keys.append(key))
+    monkeypatch.setattr(dg, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    for K, overlap in ((1024, 1), (1000, 1), (6656, 1), (1024, 0), (512, None)):
+        x, w, _ = _xwb(M=3, K=K, N=16)
+        dg.gemm(x, w, None, None if overlap is None else {"overlap": overlap})
+    assert [k[-1] for k in keys] == [True, False, True, False, dg.CONFIG["overlap"] == 1]
+
+
 # ---------------------------------------------------------------- GPU (SM90 + CUTLASS DSL)
 
 
