@@ -123,6 +123,9 @@ def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
 # 0.857 / 0.877 ms and 1.316 / 1.252 / 1.228 / 1.245 ms; a memset of the table alone takes
 # 0.79 ms (benchmarks/results/norm_kernels_explore_h200.json at af53e45)
 EMBED_ROWS = 16
+# load each program's row ranges and first tokens up front (moves loads, never an add); off
+# until measured: benchmarks/norm_kernels_explore.py times both
+EMBED_PREFETCH = False
 
 
 def embedding_forward(ids, table, eps, want_raw=True):
@@ -184,6 +187,7 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
         HAS_DRAW=d_raw is not None,
         ROWS=EMBED_ROWS,
         BLOCK_H=bh,
+        PREFETCH=EMBED_PREFETCH,
         num_warps=_warps(bh),  # with BLOCK_H, the forward's row tree
     )
     return dtable
