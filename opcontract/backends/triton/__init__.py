@@ -6,6 +6,11 @@ from __future__ import annotations
 import functools
 import os
 
+# Compile options every launch passes. FMA contraction is part of the kernels' arithmetic
+# (their comments say where a product and an add fuse), so it is pinned rather than left to
+# Triton's default, which Triton 3.10 turns off.
+LAUNCH = {"enable_fp_fusion": True}
+
 
 @functools.cache
 def missing_library() -> str | None:

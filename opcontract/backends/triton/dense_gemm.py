@@ -6,7 +6,7 @@ import torch
 
 from opcontract.backends.gemm_op import K_BLOCK  # the contract's gemm_k block
 from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
-from opcontract.backends.triton import interpreting
+from opcontract.backends.triton import LAUNCH, interpreting
 
 STEP_K = {"bfloat16": 64, "float16": 64, "float32": 32}
 CONFIG = {
@@ -73,6 +73,7 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
         CHUNK=K_BLOCK if parallel else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **LAUNCH,
     )
     if parallel:  # c is contiguous [M, N] here: forward's y or backward's dx
         gk._add_partials_kernel[(-(-M * N // ADD_BLOCK),)](
@@ -85,6 +86,7 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
             M * N,
             BIAS=bias is not None,
             BLOCK=ADD_BLOCK,
+            **LAUNCH,
         )
 
 

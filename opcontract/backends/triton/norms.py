@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from opcontract.backends.torch.norms import DW_ROWS
+from opcontract.backends.triton import LAUNCH
 
 _VARIANT = {"plain": 0, "centred": 1, "weightless": 2}
 
@@ -62,6 +63,7 @@ def forward(x, weight, residual, variant, eps):
             BLOCK_H=bh,
             W_FIRST=T <= W_FIRST_MAX_T,
             num_warps=_warps(bh),
+            **LAUNCH,
         )
     return y, rout, rstd
 
@@ -98,6 +100,7 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         BLOCK_H=bh,
         STAGES=_bwd_stages(bh, x_in.element_size()),
         num_warps=_warps(bh),  # with BLOCK_H, row_dot's tree
+        **LAUNCH,
     )
     if has_w:
         sum_partials(parts, n_parts, dw)
@@ -114,7 +117,7 @@ def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
 
     H = out.shape[0]
     k._sum_partials_kernel[(-(-H // PARTIALS_BLOCK),)](
-        parts, out, n_parts, H, BLOCK=PARTIALS_BLOCK, UNROLL=PARTIALS_UNROLL, num_warps=2
+        parts, out, n_parts, H, BLOCK=PARTIALS_BLOCK, UNROLL=PARTIALS_UNROLL, num_warps=2, **LAUNCH
     )
 
 
@@ -151,6 +154,7 @@ def embedding_forward(ids, table, eps, want_raw=True):
             RAW=want_raw,
             BLOCK_H=bh,
             num_warps=_warps(bh),
+            **LAUNCH,
         )
     return y, raw, rstd
 
@@ -189,5 +193,6 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
         BLOCK_H=bh,
         PREFETCH=EMBED_PREFETCH,
         num_warps=_warps(bh),  # with BLOCK_H, the forward's row tree
+        **LAUNCH,
     )
     return dtable

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from opcontract.backends import lm_head_op
-from opcontract.backends.triton import interpreting
+from opcontract.backends.triton import LAUNCH, interpreting
 from opcontract.outputs import LogprobOutput
 
 BLOCK_V = 128  # the contract's vocab_lse block: one partial per 128 columns
@@ -193,14 +193,15 @@ def forward_all(
             *scalars,
             NUM_PROGRAMS=programs,
             **flags,
+            **LAUNCH,
         )
     else:  # "tma" without 16-byte aligned rows: the same tiles, the same bits, no TMA
         args = (hidden, weight, *outs, T, V, H, hidden.stride(0), weight.stride(0), *scalars)
         if schedule == "tiles":
-            k._partials_kernel[(n_tiles,)](*args, EVEN_K=H % block_k == 0, **flags)
+            k._partials_kernel[(n_tiles,)](*args, EVEN_K=H % block_k == 0, **flags, **LAUNCH)
         else:
             k._partials_persistent_kernel[(programs,)](
-                *args, EVEN_K=H % block_k == 0, NUM_PROGRAMS=programs, **flags
+                *args, EVEN_K=H % block_k == 0, NUM_PROGRAMS=programs, **flags, **LAUNCH
             )
     block_r = 128
     k._merge_kernel[(cdiv(T, block_r),)](
@@ -225,6 +226,7 @@ def forward_all(
         ARGMAX=argmax,
         ZSUM=zsum,
         BLOCK_R=block_r,
+        **LAUNCH,
     )
     return result
 
@@ -260,6 +262,7 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         CHUNK=0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **LAUNCH,
     )
 
 
@@ -297,7 +300,7 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
             SMOOTH=grad_smooth is not None, INTERPRET=interpreting(),
             PROMOTE=GEMM_K_BLOCK // block_k, EVEN_K=H % block_k == 0,
             BLOCK_T=cfg["block_t"], BLOCK_V=BLOCK_V, BLOCK_K=block_k, GROUP_T=cfg["group_t"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH)
         if need_weight:  # grad_weight_t: [n, H] = g[:, :n].T @ hidden, K = T
             _gemm(g, hidden, grad_w[c0:c0 + n], n, H, T, (1, g.stride(0)),
                   (hidden.stride(0), 1), (grad_w.stride(0), 1), accumulate=False)

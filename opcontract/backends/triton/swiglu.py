@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from opcontract.backends.triton import LAUNCH
+
 CONFIG = {"block": 1024, "num_warps": 4}
 # Elementwise: which program computes an element, and with how many warps, moves no bits.
 CONFIG_SPACE = {"block": (512, 1024, 2048, 4096), "num_warps": (2, 4, 8)}
@@ -30,7 +32,16 @@ def forward(gate, up, config=None):
     y = torch.empty((g.shape[0], n), dtype=g.dtype, device=g.device)
     if y.numel():
         _swiglu_fwd_kernel[(g.shape[0], -(-n // block))](
-            g, u, y, n, g.stride(0), u.stride(0), y.stride(0), BLOCK=block, num_warps=warps
+            g,
+            u,
+            y,
+            n,
+            g.stride(0),
+            u.stride(0),
+            y.stride(0),
+            BLOCK=block,
+            num_warps=warps,
+            **LAUNCH,
         )
     return y
 
@@ -62,5 +73,6 @@ def backward(dy, gate, up, config=None):
             du.stride(0),
             BLOCK=block,
             num_warps=warps,
+            **LAUNCH,
         )
     return (d, None) if up is None else (dg, du)
