@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench, env_stamp, matmul_tflops, write  # noqa: E402
 
+from opcontract.backends.triton import LAUNCH  # noqa: E402
 from opcontract.backends.triton import softcap_logprob as sl  # noqa: E402
 from opcontract.backends.triton import softcap_logprob_kernels as k  # noqa: E402
 
@@ -118,6 +119,7 @@ def main() -> int:
             GROUP_T=cfg["group_t"],
             num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"],
+            **LAUNCH,
         )
 
     def grad_w():

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench, bench_graph, copy_gbps, env_stamp, write  # noqa: E402
 
 from opcontract.backends.torch.norms import DW_ROWS  # noqa: E402
+from opcontract.backends.triton import LAUNCH  # noqa: E402
 from opcontract.backends.triton import norms as host  # noqa: E402
 from opcontract.backends.triton import norms_kernels as k  # noqa: E402
 
@@ -50,7 +51,7 @@ def _fwd_rsqrt(x, w):
     y = torch.empty_like(x)
     rstd = torch.empty(T, dtype=torch.float32, device=x.device)
     _rms_fwd_rsqrt_kernel[(T,)](
-        x, w, y, rstd, H, x.stride(0), 1e-5, BLOCK_H=host._block_h(H), num_warps=8
+        x, w, y, rstd, H, x.stride(0), 1e-5, BLOCK_H=host._block_h(H), num_warps=8, **LAUNCH
     )
     return y, rstd
 
@@ -74,6 +75,7 @@ def _fwd(x, w, res, warps, w_first=True):
         W_FIRST=w_first,
         BLOCK_H=host._block_h(H),
         num_warps=warps,
+        **LAUNCH,
     )
     return y, rstd
 
@@ -112,6 +114,7 @@ def _bwd(dy, x, w, rstd, warps, stages, sum_parts=True):
         BLOCK_H=host._block_h(H),
         STAGES=stages,
         num_warps=warps,
+        **LAUNCH,
     )
     if sum_parts:
         host.sum_partials(parts, n_parts, dw)
@@ -134,7 +137,7 @@ def _backward_parts(rows, T, x, w, dy, rstd, gbps, rep_ms):
     dx, dw, parts = _bwd(dy, x, w, rstd, 8, host._bwd_stages(host._block_h(H), e))
     loop_dw = torch.empty_like(dw)
     grid = (-(-H // 64),)
-    _sum_partials_loop_kernel[grid](parts, loop_dw, n_parts, H, BLOCK=64)
+    _sum_partials_loop_kernel[grid](parts, loop_dw, n_parts, H, BLOCK=64, **LAUNCH)
     whole = host.backward(dy, None, x, w, rstd, "centred")
     same = bool(torch.equal(whole[0], dx) and torch.equal(whole[1], dw))
     _graph_row(
@@ -173,7 +176,7 @@ def _backward_parts(rows, T, x, w, dy, rstd, gbps, rep_ms):
         rows,
         "backward.sum_partials (replaced loop)",
         T,
-        lambda: _sum_partials_loop_kernel[grid](parts, loop_dw, n_parts, H, BLOCK=64),
+        lambda: _sum_partials_loop_kernel[grid](parts, loop_dw, n_parts, H, BLOCK=64, **LAUNCH),
         rep_ms,
         4 * n_parts * H,
         gbps,
