@@ -80,8 +80,9 @@ def test_strict_linear_autograd_and_compile_keep_bits():
         assert torch.equal(eager, compiled)
 
 
+@pytest.mark.parametrize("K", [600, 4352])  # 3 and 17 partials: inside and past one unroll
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_parallel_partials_keep_the_bits(dtype, monkeypatch):
+def test_parallel_partials_keep_the_bits(dtype, K, monkeypatch):
     """The 256-element K partials computed by separate programs, then added in order: the
     same bits as the sequential K loop, forward (with bias) and gradients."""
     from opcontract.backends.registry import implementation
@@ -99,7 +100,7 @@ def test_parallel_partials_keep_the_bits(dtype, monkeypatch):
     impl = implementation("triton.gemm")
     base = impl.default_config(None)
     g = torch.Generator().manual_seed(3)
-    x0, w0 = (torch.randn(*s, generator=g).to(dtype).to(DEVICE) for s in ((5, 600), (300, 600)))
+    x0, w0 = (torch.randn(*s, generator=g).to(dtype).to(DEVICE) for s in ((5, K), (300, K)))
     b0 = torch.randn(300, generator=g).to(dtype).to(DEVICE)
     dy = torch.randn(5, 300, generator=g).to(dtype).to(DEVICE)
     outs = []

@@ -32,7 +32,8 @@ CONFIG_SPACE = {
     "parallel_partials": (False, True),
 }
 PARTIALS_BYTES = 64 << 20
-ADD_BLOCK = 1024
+ADD_BLOCK = 512  # elements per program of the partials' sum
+ADD_UNROLL = 8  # planes whose loads are issued together (the adds stay in plane order)
 
 
 def default_config() -> dict:
@@ -86,6 +87,8 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
             M * N,
             BIAS=bias is not None,
             BLOCK=ADD_BLOCK,
+            UNROLL=ADD_UNROLL,
+            num_warps=4,
             **LAUNCH,
         )
 

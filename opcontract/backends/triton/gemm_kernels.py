@@ -110,14 +110,19 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
 
 @triton.jit
 def _add_partials_kernel(parts_ptr, c_ptr, bias_ptr, total, N, n_chunks, stride_chunk,
-                         BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                         BIAS: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
     """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the sequential
-    GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0."""
+    GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0. UNROLL
+    planes' loads are issued ahead of their adds; a plane past n_chunks loads as +0, and
+    acc + 0 is acc (acc starts at +0, so it is never -0)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for j in range(0, n_chunks):
-        acc += tl.load(parts_ptr + j * stride_chunk + offs, mask=ok, other=0.0)
+    for j0 in range(0, n_chunks, UNROLL):
+        for u in tl.static_range(UNROLL):
+            j = j0 + u
+            live = ok & (offs * 0 + j < n_chunks)
+            acc += tl.load(parts_ptr + j * stride_chunk + offs, mask=live, other=0.0)
     if BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
