@@ -2,8 +2,12 @@
 # The GPU runs behind benchmarks/results/*_h200.json, as stages of one script, so a few
 # device calls cover them. Run from the repository root on the GPU machine:
 #
-#   OUT=/some/dir OPCONTRACT_COMMIT=$(git rev-parse --short HEAD) \
+#   OUT=/some/dir OPCONTRACT_COMMIT=<commit> \
 #       bash benchmarks/run_h200.sh tests memory gemm sweep-head tuned
+#
+# <commit> is the commit of the tree being run, written out where the command is composed:
+# a copy of the working tree on another machine may carry a stale .git, so
+# $(git rev-parse HEAD) evaluated there can name an older commit.
 #
 # Wheels for what the GPU image lacks (pydantic, optuna, tqdm, liger-kernel, pytest-xdist) are
 # expected in .whl/; batch_invariant_ops (the dense_gemm peer) in .peers/ if wanted.
