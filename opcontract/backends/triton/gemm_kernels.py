@@ -112,7 +112,8 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
 def _add_partials_kernel(parts_ptr, c_ptr, bias_ptr, total, N, n_chunks, stride_chunk,
                          BIAS: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
     """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the sequential
-    GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0. UNROLL
+    GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0 (and, without
+    bias, the RMSNorm backward's sum of its weight-gradient partials). UNROLL
     planes' loads are issued ahead of their adds; a plane past n_chunks loads as +0, and
     acc + 0 is acc (acc starts at +0, so it is never -0)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

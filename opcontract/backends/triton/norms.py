@@ -112,13 +112,15 @@ PARTIALS_UNROLL = 16  # partials whose loads are issued together
 
 
 def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
-    """out[h] = (((0 + parts[0, h]) + parts[1, h]) + ...), rounded once to out's dtype."""
-    from opcontract.backends.triton import norms_kernels as k
+    """out[h] = (((0 + parts[0, h]) + parts[1, h]) + ...), rounded once to out's dtype: the
+    GEMM's plane sum over n_parts planes of H, without bias."""
+    from opcontract.backends.triton import gemm_kernels as gk
 
     H = out.shape[0]
-    k._sum_partials_kernel[(-(-H // PARTIALS_BLOCK),)](
-        parts, out, n_parts, H, BLOCK=PARTIALS_BLOCK, UNROLL=PARTIALS_UNROLL, num_warps=2, **LAUNCH
-    )
+    gk._add_partials_kernel[(-(-H // PARTIALS_BLOCK),)](
+        parts, out, parts, H, H, n_parts, H,
+        BIAS=False, BLOCK=PARTIALS_BLOCK, UNROLL=PARTIALS_UNROLL, num_warps=2, **LAUNCH,
+    )  # fmt: skip
 
 
 # table rows per program of the embedding backward (whole rows). H200, V = 202048,

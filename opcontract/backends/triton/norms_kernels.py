@@ -2,8 +2,9 @@
 
 One program normalises one row: the row's square sum is a tl.sum tree fixed by BLOCK_H and
 num_warps, the same for every row. The backward's program walks DW_ROWS rows in ascending
-order, writing each row's dx and summing its weight-gradient partial in float32; a second
-kernel adds the partials in ascending order. No atomics.
+order, writing each row's dx and summing its weight-gradient partial in float32; the GEMM's
+plane sum (gemm_kernels._add_partials_kernel) then adds the partials in ascending order. No
+atomics.
 
 The embedding's backward is one pass over the table: a program writes whole rows, zeros where
 no token used the row, otherwise its tokens' float32 gradients (each with its row dot in the
@@ -81,20 +82,6 @@ def _rms_bwd_kernel(dy_ptr, dres_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dwp_ptr, T
             dw += dy * xhat
     if VARIANT < 2:
         tl.store(dwp_ptr + tl.program_id(0).to(tl.int64) * H + cols, dw, mask=mask)
-
-
-@triton.jit
-def _sum_partials_kernel(p_ptr, out_ptr, N_PARTS, H, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < H
-    acc = tl.zeros((BLOCK,), tl.float32)
-    # ascending blocks of rows, UNROLL loads issued ahead of their adds; a partial past
-    # N_PARTS loads as +0, and acc + 0 is acc (acc starts at +0, so it is never -0)
-    for i0 in range(0, N_PARTS, UNROLL):
-        for j in tl.static_range(UNROLL):
-            i = i0 + j
-            acc += tl.load(p_ptr + i * H + cols, mask=mask & (cols * 0 + i < N_PARTS), other=0.0)
-    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
