@@ -160,22 +160,23 @@ def _(dy, d_raw, ids, table, rstd, backend):
 
 
 def _embed_setup(ctx, inputs, output):
-    ids, table, backend, _, _ = inputs
+    ids, table, backend, _, want_raw = inputs
     ctx.save_for_backward(ids, table, output[2])
     ctx.backend = backend
+    ctx.want_raw = want_raw
 
 
 def _embed_backward(ctx, dy, d_raw, _d_rstd):
     ids, table, rstd = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros(ids.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
+    if not ctx.want_raw:  # raw was not returned: its [0, H] placeholder has no gradient
+        d_raw = None
     f = (
         _normalized_embedding_backward
         if bypass_op(dy, d_raw, table)
         else normalized_embedding_backward
     )
-    if d_raw is not None and d_raw.shape[0] != ids.shape[0]:  # raw was not returned
-        d_raw = None
     dtable = f(dy, d_raw, ids, table, rstd, ctx.backend)
     return None, dtable, None, None, None
 
