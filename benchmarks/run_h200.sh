@@ -53,6 +53,8 @@ for s in "$@"; do
             --out "$OUT/memory_bound_ops_h200.json" ;;
         gemm) stage gemm 240 python3 benchmarks/dense_gemm.py --out "$OUT/dense_gemm_h200.json" ;;
         host) stage host 90 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead_h200.json" ;;
+        host-profile) stage host-profile 90 python3 benchmarks/host_profile.py \
+            --out "$OUT/host_profile_h200.json" --profile "$OUT/host_profile_h200.txt" ;;
         forward) stage forward 400 python3 benchmarks/softcap_logprob_forward.py \
             --out "$OUT/softcap_logprob_forward_h200.json" ;;
         train) stage train 500 python3 benchmarks/softcap_logprob_train.py \

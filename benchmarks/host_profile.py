@@ -1,0 +1,169 @@
+"""Where the host time of a decode-size call goes, layer by layer, down to the launch.
+
+    python benchmarks/host_profile.py --out results.json [--profile profile.txt]
+
+For dense_gemm at o_proj's shape (M = 1, K = 4096, N = 6656, bf16, the shipped table's
+config) and rms_norm at T = 1: wall time per call of a loop of calls (synchronised once
+at the end) for the dispatch call, its host-side logic alone, the op function, the Triton
+host wrapper, each kernel's launch through Triton's JIT with buffers allocated beforehand,
+the same kernel launched through its compiled handle (``CompiledKernel.run``, skipping
+the JIT's argument binding and cache lookup), and the torch calls a wrapper makes. With
+``--profile``, a cProfile of the dispatch loop sorted by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import env_stamp, write  # noqa: E402
+
+from opcontract import dispatch  # noqa: E402
+from opcontract.backends import gemm_op  # noqa: E402
+from opcontract.dispatch import _host_side  # noqa: E402
+
+
+def per_call_us(fn, n: int) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):  # the best of three loops: the host's own noise
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+def compiled_launcher(jit_fn, grid, args: tuple, meta: dict):
+    """Launch once through the JIT, then return a closure that launches the compiled kernel
+    through its handle with the same arguments (all of them, constexprs included, in
+    signature order, as the JIT passes them)."""
+    kernel = jit_fn[grid](*args, **meta)
+    names = jit_fn.arg_names
+    values = list(args) + [meta[n] for n in names[len(args) :]]
+    run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+    g = tuple(grid) + (1,) * (3 - len(grid))
+
+    def launch():
+        stream = torch.cuda.current_stream().cuda_stream
+        run(g[0], g[1], g[2], stream, function, packed, None, None, None, *values)
+
+    return launch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--profile")
+    args = ap.parse_args()
+    from opcontract.backends.triton import LAUNCH
+    from opcontract.backends.triton import dense_gemm as tg
+    from opcontract.backends.triton import gemm_kernels as gk
+    from opcontract.backends.triton import norms as tn
+
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(1, 6656, device=dev, dtype=dt)
+    w = torch.randn(6656, device=dev, dtype=dt)
+    xo = torch.randn(1, 4096, device=dev, dtype=dt)
+    wo = torch.randn(6656, 4096, device=dev, dtype=dt) / 64
+    gemm, rms = dispatch.op("dense_gemm"), dispatch.op("rms_norm")
+    rep = dispatch.explain("dense_gemm", xo, wo)
+    cfg = {**tg.default_config(), **rep.config}
+    print(rep, flush=True)
+
+    M, K, N = 1, 4096, 6656
+    chunks = K // gemm_op.K_BLOCK
+    parts = torch.empty(chunks, M, N, dtype=torch.float32, device=dev)
+    y = torch.empty(M, N, dtype=dt, device=dev)
+    grid = (-(-M // cfg["block_m"]) * -(-N // cfg["block_n"]), chunks)
+    g_args = (xo, wo, parts, parts, M, N, K, xo.stride(0), 1, 1, wo.stride(0), N, 1, M * N, 0.0)
+    g_meta = dict(
+        ACCUMULATE=False, BIAS=False, INTERPRET=False, PROMOTE=gemm_op.K_BLOCK // 64,
+        BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=64, GROUP_M=cfg["group_m"],
+        CHUNK=gemm_op.K_BLOCK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **LAUNCH,
+    )  # fmt: skip
+    a_grid = (-(-M * N // tg.ADD_BLOCK),)
+    a_args = (parts, y, parts, M * N, N, chunks, M * N)
+    a_meta = dict(BIAS=False, BLOCK=tg.ADD_BLOCK, UNROLL=tg.ADD_UNROLL, num_warps=4, **LAUNCH)
+
+    def jit_gemm():
+        gk._gemm_kernel[grid](*g_args, **g_meta)
+
+    def jit_add():
+        gk._add_partials_kernel[a_grid](*a_args, **a_meta)
+
+    fast_gemm = compiled_launcher(gk._gemm_kernel, grid, g_args, g_meta)
+    fast_add = compiled_launcher(gk._add_partials_kernel, a_grid, a_args, a_meta)
+    fast_gemm()
+    fast_add()
+    torch.cuda.synchronize()
+    ref = gemm(xo, wo)
+    torch.cuda.synchronize()
+    fast_equal = bool(torch.equal(y, ref)) if cfg.get("parallel_partials") else None
+
+    layers = {
+        "dense_gemm.o_proj M=1": {
+            "dispatch": lambda: gemm(xo, wo),
+            "dispatch host side only": lambda: _host_side(gemm, (xo, wo), {}),
+            "op function (bypass)": lambda: gemm_op.dense_gemm("triton", xo, wo, config=rep.config),
+            "triton host wrapper": lambda: tg.forward(xo, wo, None, rep.config),
+            "jit launch gemm kernel": jit_gemm,
+            "jit launch add-partials kernel": jit_add,
+            "compiled-handle launch gemm kernel": fast_gemm,
+            "compiled-handle launch add-partials kernel": fast_add,
+            "torch.empty partials": lambda: torch.empty_like(parts),
+            "torch.cuda.current_stream": lambda: torch.cuda.current_stream().cuda_stream,
+            "cublas F.linear": lambda: torch.nn.functional.linear(xo, wo),
+        },  # fmt: skip
+        "rms_norm T=1": {
+            "dispatch": lambda: rms(x, w, eps=1e-5),
+            "dispatch host side only": lambda: _host_side(rms, (x, w), {"eps": 1e-5}),
+            "triton host wrapper": lambda: tn.forward(x, w, None, "plain", 1e-5),
+        },
+    }
+    rows = []
+    with torch.no_grad():
+        for op, fns in layers.items():
+            for name, fn in fns.items():
+                us = per_call_us(fn, args.n)
+                rows.append({"op": op, "layer": name, "us_per_call": us})
+                print(f"{op:24s} {name:44s} {us:8.2f} us/call", flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.n):
+                gemm(xo, wo)
+            torch.cuda.synchronize()
+            prof.disable()
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+            Path(args.profile).write_text(s.getvalue())
+            print(s.getvalue()[:6000])
+    write(
+        args.out,
+        {
+            "benchmark": "host_profile",
+            "env": env_stamp(),
+            "config": rep.config,
+            "compiled_handle_bits_equal_dispatch": fast_equal,
+            "rows": rows,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
