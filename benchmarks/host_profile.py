@@ -7,7 +7,8 @@ config) and rms_norm at T = 1: wall time per call of a loop of calls (synchronis
 at the end) for the dispatch call, its host-side logic alone, the op function, the Triton
 host wrapper, each kernel's launch through Triton's JIT with buffers allocated beforehand,
 the same kernel launched through its compiled handle (``CompiledKernel.run``, skipping
-the JIT's argument binding and cache lookup), and the torch calls a wrapper makes. With
+the JIT's argument binding and cache lookup) and through opcontract's ``launch`` (which does
+that after a specialization's first launch), and the torch calls a wrapper makes. With
 ``--profile``, a cProfile of the dispatch loop sorted by own time.
 """
 
@@ -72,6 +73,7 @@ def main() -> int:
     from opcontract.backends.triton import dense_gemm as tg
     from opcontract.backends.triton import gemm_kernels as gk
     from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton.launch import launch
 
     dev, dt = "cuda", torch.bfloat16
     x = torch.randn(1, 6656, device=dev, dtype=dt)
@@ -124,6 +126,10 @@ def main() -> int:
             "jit launch add-partials kernel": jit_add,
             "compiled-handle launch gemm kernel": fast_gemm,
             "compiled-handle launch add-partials kernel": fast_add,
+            "launch() gemm kernel": lambda: launch(gk._gemm_kernel, grid, *g_args, **g_meta),
+            "launch() add-partials kernel": lambda: launch(
+                gk._add_partials_kernel, a_grid, *a_args, **a_meta
+            ),
             "torch.empty partials": lambda: torch.empty_like(parts),
             "torch.cuda.current_stream": lambda: torch.cuda.current_stream().cuda_stream,
             "cublas F.linear": lambda: torch.nn.functional.linear(xo, wo),

@@ -1,39 +1,139 @@
-"""Every Triton launch in the host wrappers passes the pinned compile options (LAUNCH): the
-kernels' bits depend on FMA contraction, which must not follow Triton's default."""
+"""Every Triton launch in the host wrappers goes through ``launch``, which passes the pinned
+compile options (LAUNCH: the kernels' bits depend on FMA contraction, which must not follow
+Triton's default) and, after a specialization's first launch, uses its compiled handle."""
 
 import ast
 from pathlib import Path
 
+import pytest
+import torch
+
 import opcontract.backends.triton as triton_backend
+from opcontract.backends.triton import launch as launch_mod
 
 _DIR = Path(triton_backend.__file__).parent
 HOSTS = sorted(p for p in _DIR.glob("*.py") if not p.name.endswith("_kernels.py"))
 
 
-def _launches(tree: ast.AST):
-    """Calls of the form ``<...>_kernel[grid](...)``."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
-            target = node.func.value
-            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-            if name.endswith("_kernel"):
-                yield node
+def _kernel_name(node: ast.AST) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def _scan():
+    """(launch(...) calls, direct <...>_kernel[grid](...) calls) over the host wrappers."""
+    through, direct = [], []
+    for path in HOSTS:
+        if path.name == "launch.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Subscript) and _kernel_name(node.func.value).endswith(
+                "_kernel"
+            ):
+                direct.append(f"{path.name}:{node.lineno}")
+            elif _kernel_name(node.func) == "launch" and node.args:
+                through.append((path.name, _kernel_name(node.args[0])))
+    return through, direct
 
 
 def test_launch_options_pin_fp_fusion():
     assert triton_backend.LAUNCH == {"enable_fp_fusion": True}
 
 
-def test_every_host_launch_passes_the_pinned_options():
-    found, missing = 0, []
-    for path in HOSTS:
-        for call in _launches(ast.parse(path.read_text())):
-            found += 1
-            pinned = any(
-                k.arg is None and isinstance(k.value, ast.Name) and k.value.id == "LAUNCH"
-                for k in call.keywords
-            )
-            if not pinned:
-                missing.append(f"{path.name}:{call.lineno}")
-    assert found >= 15  # the scan sees the launches (dense_gemm, norms, softcap, swiglu)
-    assert not missing, missing
+def test_every_host_launch_goes_through_launch():
+    through, direct = _scan()
+    assert not direct, direct
+    assert len(through) >= 15  # the scan sees the launches (dense_gemm, norms, softcap, swiglu)
+    assert all(name.endswith("_kernel") for _, name in through), through
+
+
+def test_launch_passes_the_pinned_options(monkeypatch):
+    seen = {}
+
+    class Fake:
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                seen.update(grid=grid, args=args, meta=meta)
+
+            return run
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    launch_mod.launch(Fake(), (3,), 1, 2, BLOCK=4, num_warps=2)
+    assert seen == {
+        "grid": (3,),
+        "args": (1, 2),
+        "meta": {"enable_fp_fusion": True, "BLOCK": 4, "num_warps": 2},
+    }
+
+
+def test_plan_reads_names_constexprs_and_defaults():
+    from opcontract.backends.triton import gemm_kernels as gk
+
+    names, name_set, constexpr, defaults = launch_mod._plan(gk._add_partials_kernel)
+    assert names[:3] == ("parts_ptr", "c_ptr", "bias_ptr")
+    assert name_set == frozenset(names)
+    assert dict(zip(names, constexpr, strict=True)) == {
+        "parts_ptr": False,
+        "c_ptr": False,
+        "bias_ptr": False,
+        "total": False,
+        "N": False,
+        "n_chunks": False,
+        "stride_chunk": False,
+        "BIAS": True,
+        "BLOCK": True,
+        "UNROLL": True,
+    }
+    assert defaults == {}
+
+
+def test_spec_is_at_least_as_fine_as_tritons_specialization():
+    spec = launch_mod._spec
+    base = torch.zeros(64, dtype=torch.float32)
+    assert spec(base, False) != spec(base[1:], False)  # 16-byte alignment
+    assert spec(base, False) != spec(base.to(torch.float16), False)  # dtype
+    assert spec(base, False) == spec(torch.ones(64), False)  # values don't specialise
+    ints = {spec(v, False) for v in (1, 16, 17, 2**31, 2**63)}
+    assert len(ints) == 5  # == 1, % 16, int32 / int64 / uint64 range
+    assert spec(16, False) == spec(32, False)
+    assert spec(0.5, False) == spec(2.0, False)  # a float runtime argument is float32
+    assert spec(True, False) != spec(False, False)
+    assert spec(4, True) != spec(8, True)  # constexprs by value
+    assert spec(None, False) == (type(None), None)
+
+
+def _copy_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _scaled_copy_kernel(x_ptr, y_ptr, n, scale, OFFSET: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n
+        x = tl.load(x_ptr + offs, mask=ok, other=0.0)
+        tl.store(y_ptr + offs, x * scale + OFFSET, mask=ok)
+
+    return _scaled_copy_kernel
+
+
+@pytest.mark.gpu
+def test_compiled_handle_launch_matches_the_jit():
+    """Second launches of a specialization take the compiled handle; every combination of
+    alignment, size class and constexpr gives what the JIT's own launch gives."""
+    kernel = _copy_kernel()
+    launch_mod.clear()
+    base = torch.randn(4096 + 1, device="cuda")
+    for offset in (0, 1):
+        for n in (1, 16, 17, 4096):
+            for c in (0, 3):
+                x = base[offset : offset + n]
+                grid = (-(-n // 256),)
+                want = torch.empty_like(x)
+                kernel[grid](x, want, n, 0.5, OFFSET=c, BLOCK=256, enable_fp_fusion=True)
+                for _ in range(2):  # the first through the JIT, the second by handle
+                    got = torch.full_like(x, float("nan"))
+                    launch_mod.launch(kernel, grid, x, got, n, 0.5, OFFSET=c, BLOCK=256)
+                    torch.cuda.synchronize()
+                    assert torch.equal(got, want), (offset, n, c)
+    assert len(launch_mod._COMPILED) >= 2 * 3 * 2  # alignments x size classes x constexprs

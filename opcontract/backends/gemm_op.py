@@ -8,6 +8,7 @@ import json
 import torch
 
 from opcontract.backends.direct import bypass_op
+from opcontract.backends.op_config import config_string
 from opcontract.contracts.schema import ReductionPlan
 
 K_BLOCK = 256  # the contract's gemm_k block: one promoted float32 partial per 256 of K
@@ -115,4 +116,4 @@ dense_gemm_op.register_autograd(_backward, setup_context=_setup)
 
 def dense_gemm(backend: str, x, weight, bias=None, *, config=None):
     f = _dense_gemm_op if bypass_op(x, weight, bias) else dense_gemm_op
-    return f(x, weight, bias, backend, json.dumps(config, sort_keys=True) if config else "")
+    return f(x, weight, bias, backend, config_string(config))

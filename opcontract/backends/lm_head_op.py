@@ -16,6 +16,7 @@ import json
 import torch
 
 from opcontract.backends.direct import bypass_op
+from opcontract.backends.op_config import config_string
 
 _EMPTY_F = (0,)
 
@@ -305,6 +306,6 @@ def head(
         bool(entropy),
         bool(argmax),
         bool(zsum),
-        json.dumps(config, sort_keys=True) if config else "",
+        config_string(config),
     )
     return (lp, ent if entropy else None, pred if argmax else None, smooth if zsum else None)

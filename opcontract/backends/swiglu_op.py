@@ -8,6 +8,7 @@ import json
 import torch
 
 from opcontract.backends.direct import bypass_op
+from opcontract.backends.op_config import config_string
 
 
 @functools.lru_cache(maxsize=64)
@@ -83,5 +84,5 @@ swiglu_op.register_autograd(_backward, setup_context=_setup)
 
 
 def swiglu(backend: str, gate, up=None, *, layout="separate", config=None):
-    cfg = json.dumps(config, sort_keys=True) if config else ""
+    cfg = config_string(config)
     return (_swiglu_op if bypass_op(gate, up) else swiglu_op)(gate, up, backend, cfg)

@@ -122,10 +122,8 @@ def _memo_entry(c, bound: BoundCall, sel: Selection, args, kwargs, mode) -> Cach
     )
 
 
-@torch.compiler.disable
 def _host_side(fn: OpFunction, args: tuple, kwargs: dict) -> tuple[dict, CachedCall]:
-    """Validation and selection: host logic torch.compile runs eagerly (a graph break),
-    so the compiled graph holds only the op itself. Memoised per call signature."""
+    """Validation and selection, memoised per call signature."""
     c = fn.contract
     k = None if simulating() else call_cache.key(fn.name, fn.backend, fn.mode, args, kwargs)
     hit = call_cache.get(k)
@@ -144,6 +142,11 @@ def _host_side(fn: OpFunction, args: tuple, kwargs: dict) -> tuple[dict, CachedC
     return inputs, hit
 
 
+# Under torch.compile the host logic runs eagerly (a graph break), so the compiled graph
+# holds only the op itself. Eager calls skip the disable wrapper's own cost.
+_host_side_eager_in_compile = torch.compiler.disable(_host_side)
+
+
 class OpFunction:
     """A contract-checked callable for one op. Built by :func:`op`."""
 
@@ -155,7 +158,8 @@ class OpFunction:
         self.mode = mode
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inputs, hit = _host_side(self, args, kwargs)
+        host = _host_side_eager_in_compile if torch.compiler.is_compiling() else _host_side
+        inputs, hit = host(self, args, kwargs)
         out = hit.impl.run(hit.config, **inputs, **hit.params)
         record(hit.provenance)
         return out

@@ -6,7 +6,8 @@ import torch
 
 from opcontract.backends.gemm_op import K_BLOCK  # the contract's gemm_k block
 from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
-from opcontract.backends.triton import LAUNCH, interpreting
+from opcontract.backends.triton import interpreting
+from opcontract.backends.triton.launch import launch
 
 STEP_K = {"bfloat16": 64, "float16": 64, "float32": 32}
 CONFIG = {
@@ -49,7 +50,9 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
     parallel = cfg.get("parallel_partials") and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
     out = torch.empty(chunks, M, N, dtype=torch.float32, device=c.device) if parallel else c
     grid = (-(-M // cfg["block_m"]) * -(-N // cfg["block_n"]), chunks if parallel else 1)
-    gk._gemm_kernel[grid](
+    launch(
+        gk._gemm_kernel,
+        grid,
         a,
         b,
         out,
@@ -74,10 +77,11 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
         CHUNK=K_BLOCK if parallel else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        **LAUNCH,
     )
     if parallel:  # c is contiguous [M, N] here: forward's y or backward's dx
-        gk._add_partials_kernel[(-(-M * N // ADD_BLOCK),)](
+        launch(
+            gk._add_partials_kernel,
+            (-(-M * N // ADD_BLOCK),),
             out,
             c,
             bias if bias is not None else out,
@@ -89,7 +93,6 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
             BLOCK=ADD_BLOCK,
             UNROLL=ADD_UNROLL,
             num_warps=4,
-            **LAUNCH,
         )
 
 

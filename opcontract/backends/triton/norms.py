@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from opcontract.backends.torch.norms import DW_ROWS
-from opcontract.backends.triton import LAUNCH
+from opcontract.backends.triton.launch import launch
 
 _VARIANT = {"plain": 0, "centred": 1, "weightless": 2}
 
@@ -48,7 +48,9 @@ def forward(x, weight, residual, variant, eps):
     rstd = torch.empty(T, dtype=torch.float32, device=x.device)
     if T:
         bh = _block_h(H)
-        k._rms_fwd_kernel[(T,)](
+        launch(
+            k._rms_fwd_kernel,
+            (T,),
             x,
             residual.contiguous() if residual is not None else x,
             weight if weight is not None else x,
@@ -63,7 +65,6 @@ def forward(x, weight, residual, variant, eps):
             BLOCK_H=bh,
             W_FIRST=T <= W_FIRST_MAX_T,
             num_warps=_warps(bh),
-            **LAUNCH,
         )
     return y, rout, rstd
 
@@ -83,7 +84,9 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
     if T == 0:
         return dx, dw
     bh = _block_h(H)
-    k._rms_bwd_kernel[(n_parts,)](
+    launch(
+        k._rms_bwd_kernel,
+        (n_parts,),
         dy,
         d_residual_out.contiguous() if d_residual_out is not None else dy,
         x_in,
@@ -100,7 +103,6 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         BLOCK_H=bh,
         STAGES=_bwd_stages(bh, x_in.element_size()),
         num_warps=_warps(bh),  # with BLOCK_H, row_dot's tree
-        **LAUNCH,
     )
     if has_w:
         sum_partials(parts, n_parts, dw)
@@ -117,9 +119,10 @@ def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
     from opcontract.backends.triton import gemm_kernels as gk
 
     H = out.shape[0]
-    gk._add_partials_kernel[(-(-H // PARTIALS_BLOCK),)](
+    launch(
+        gk._add_partials_kernel, (-(-H // PARTIALS_BLOCK),),
         parts, out, parts, H, H, n_parts, H,
-        BIAS=False, BLOCK=PARTIALS_BLOCK, UNROLL=PARTIALS_UNROLL, num_warps=2, **LAUNCH,
+        BIAS=False, BLOCK=PARTIALS_BLOCK, UNROLL=PARTIALS_UNROLL, num_warps=2,
     )  # fmt: skip
 
 
@@ -144,7 +147,9 @@ def embedding_forward(ids, table, eps, want_raw=True):
     rstd = torch.empty(T, dtype=torch.float32, device=table.device)
     if T:
         bh = _block_h(H)
-        k._embed_fwd_kernel[(T,)](
+        launch(
+            k._embed_fwd_kernel,
+            (T,),
             ids.contiguous(),
             table,
             y,
@@ -156,7 +161,6 @@ def embedding_forward(ids, table, eps, want_raw=True):
             RAW=want_raw,
             BLOCK_H=bh,
             num_warps=_warps(bh),
-            **LAUNCH,
         )
     return y, raw, rstd
 
@@ -179,7 +183,9 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
     rows = torch.arange(V, device=ids.device, dtype=torch.int32)
     ends = torch.searchsorted(ids32[order], rows, right=True)  # row v: [ends[v - 1], ends[v])
     bh = _block_h(H)
-    k._embed_bwd_kernel[(-(-V // EMBED_ROWS),)](
+    launch(
+        k._embed_bwd_kernel,
+        (-(-V // EMBED_ROWS),),
         dy.contiguous(),
         d_raw.contiguous() if d_raw is not None else dy,
         order,
@@ -195,6 +201,5 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
         BLOCK_H=bh,
         PREFETCH=EMBED_PREFETCH,
         num_warps=_warps(bh),  # with BLOCK_H, the forward's row tree
-        **LAUNCH,
     )
     return dtable

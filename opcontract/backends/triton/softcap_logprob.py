@@ -8,7 +8,8 @@ from typing import NamedTuple
 import torch
 
 from opcontract.backends import lm_head_op
-from opcontract.backends.triton import LAUNCH, interpreting
+from opcontract.backends.triton import interpreting
+from opcontract.backends.triton.launch import launch
 from opcontract.outputs import LogprobOutput
 
 BLOCK_V = 128  # the contract's vocab_lse block: one partial per 128 columns
@@ -183,7 +184,9 @@ def forward_all(
     if schedule == "tma" and _tma_ok(hidden, weight):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        k._partials_tma_kernel[(programs,)](
+        launch(
+            k._partials_tma_kernel,
+            (programs,),
             TensorDescriptor.from_tensor(hidden, [bt, block_k]),
             TensorDescriptor.from_tensor(weight, [block_v, block_k]),
             *outs,
@@ -193,18 +196,30 @@ def forward_all(
             *scalars,
             NUM_PROGRAMS=programs,
             **flags,
-            **LAUNCH,
         )
     else:  # "tma" without 16-byte aligned rows: the same tiles, the same bits, no TMA
         args = (hidden, weight, *outs, T, V, H, hidden.stride(0), weight.stride(0), *scalars)
         if schedule == "tiles":
-            k._partials_kernel[(n_tiles,)](*args, EVEN_K=H % block_k == 0, **flags, **LAUNCH)
+            launch(
+                k._partials_kernel,
+                (n_tiles,),
+                *args,
+                EVEN_K=H % block_k == 0,
+                **flags,
+            )
         else:
-            k._partials_persistent_kernel[(programs,)](
-                *args, EVEN_K=H % block_k == 0, NUM_PROGRAMS=programs, **flags, **LAUNCH
+            launch(
+                k._partials_persistent_kernel,
+                (programs,),
+                *args,
+                EVEN_K=H % block_k == 0,
+                NUM_PROGRAMS=programs,
+                **flags,
             )
     block_r = 128
-    k._merge_kernel[(cdiv(T, block_r),)](
+    launch(
+        k._merge_kernel,
+        (cdiv(T, block_r),),
         pmax,
         psum,
         pzs,
@@ -226,7 +241,6 @@ def forward_all(
         ARGMAX=argmax,
         ZSUM=zsum,
         BLOCK_R=block_r,
-        **LAUNCH,
     )
     return result
 
@@ -238,7 +252,9 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
     cfg = dict(GRAD_GEMM, **(GRAD_GEMM_INTERPRETER if interpreting() else {}))
     block_k = BLOCK_K[_dtype(a)]
     grid = (cdiv(M, cfg["block_m"]) * cdiv(N, cfg["block_n"]),)
-    k._gemm_kernel[grid](
+    launch(
+        k._gemm_kernel,
+        grid,
         a,
         b,
         c,
@@ -262,7 +278,6 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         CHUNK=0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        **LAUNCH,
     )
 
 
@@ -292,7 +307,8 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
     for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
         n = min(GRAD_CHUNK, V - c0)
         grid = (cdiv(T, cfg["block_t"]) * cdiv(n, BLOCK_V),)
-        k._grad_logits_kernel[grid](
+        launch(
+            k._grad_logits_kernel, grid,
             hidden, weight, targets, lse, mean_z if mean_z is not None else lse, gl, ge, gs, g,
             T, V, H, hidden.stride(0), weight.stride(0), g.stride(0), c0, n,
             scale, cap, float(multiplier), int(ignore_index), 0.0,
@@ -300,7 +316,7 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
             SMOOTH=grad_smooth is not None, INTERPRET=interpreting(),
             PROMOTE=GEMM_K_BLOCK // block_k, EVEN_K=H % block_k == 0,
             BLOCK_T=cfg["block_t"], BLOCK_V=BLOCK_V, BLOCK_K=block_k, GROUP_T=cfg["group_t"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **LAUNCH)
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         if need_weight:  # grad_weight_t: [n, H] = g[:, :n].T @ hidden, K = T
             _gemm(g, hidden, grad_w[c0:c0 + n], n, H, T, (1, g.stride(0)),
                   (hidden.stride(0), 1), (grad_w.stride(0), 1), accumulate=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from opcontract.backends.triton import LAUNCH
+from opcontract.backends.triton.launch import launch
 
 CONFIG = {"block": 1024, "num_warps": 4}
 # Elementwise: which program computes an element, and with how many warps, moves no bits.
@@ -31,7 +31,9 @@ def forward(gate, up, config=None):
     g, u, n = _halves(gate, up)
     y = torch.empty((g.shape[0], n), dtype=g.dtype, device=g.device)
     if y.numel():
-        _swiglu_fwd_kernel[(g.shape[0], -(-n // block))](
+        launch(
+            _swiglu_fwd_kernel,
+            (g.shape[0], -(-n // block)),
             g,
             u,
             y,
@@ -41,7 +43,6 @@ def forward(gate, up, config=None):
             y.stride(0),
             BLOCK=block,
             num_warps=warps,
-            **LAUNCH,
         )
     return y
 
@@ -59,7 +60,9 @@ def backward(dy, gate, up, config=None):
     else:
         dg, du = torch.empty_like(g), torch.empty_like(u)
     if dy.numel():
-        _swiglu_bwd_kernel[(g.shape[0], -(-n // block))](
+        launch(
+            _swiglu_bwd_kernel,
+            (g.shape[0], -(-n // block)),
             dy,
             g,
             u,
@@ -73,6 +76,5 @@ def backward(dy, gate, up, config=None):
             du.stride(0),
             BLOCK=block,
             num_warps=warps,
-            **LAUNCH,
         )
     return (d, None) if up is None else (dg, du)
