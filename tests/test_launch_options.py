@@ -44,7 +44,7 @@ def test_launch_options_pin_fp_fusion():
 def test_every_host_launch_goes_through_launch():
     through, direct = _scan()
     assert not direct, direct
-    assert len(through) >= 15  # the scan sees the launches (dense_gemm, norms, softcap, swiglu)
+    assert len(through) >= 14  # the scan sees the launches (dense_gemm, norms, softcap, swiglu)
     assert all(name.endswith("_kernel") for _, name in through), through
 
 
@@ -88,19 +88,22 @@ def test_plan_reads_names_constexprs_and_defaults():
     assert defaults == {}
 
 
-def test_spec_is_at_least_as_fine_as_tritons_specialization():
-    spec = launch_mod._spec
+def test_key_is_at_least_as_fine_as_tritons_specialization():
+    def key(*args, **meta):
+        return launch_mod._key(
+            test_key_is_at_least_as_fine_as_tritons_specialization, 0, args, meta
+        )
+
     base = torch.zeros(64, dtype=torch.float32)
-    assert spec(base, False) != spec(base[1:], False)  # 16-byte alignment
-    assert spec(base, False) != spec(base.to(torch.float16), False)  # dtype
-    assert spec(base, False) == spec(torch.ones(64), False)  # values don't specialise
-    ints = {spec(v, False) for v in (1, 16, 17, 2**31, 2**63)}
-    assert len(ints) == 5  # == 1, % 16, int32 / int64 / uint64 range
-    assert spec(16, False) == spec(32, False)
-    assert spec(0.5, False) == spec(2.0, False)  # a float runtime argument is float32
-    assert spec(True, False) != spec(False, False)
-    assert spec(4, True) != spec(8, True)  # constexprs by value
-    assert spec(None, False) == (type(None), None)
+    assert key(base) != key(base[1:])  # 16-byte alignment
+    assert key(base) != key(base.to(torch.float16))  # dtype
+    assert key(base) == key(torch.ones(64))  # a tensor's values don't select a kernel
+    ints = {key(v) for v in (1, 16, 17, 32, 2**31, 2**63, True)}
+    assert len(ints) == 7  # ints by value, and True is not 1
+    assert key(0.5) == key(2.0)  # a float runtime argument is float32
+    assert key(1.0) != key(1)
+    assert key(BLOCK=4) != key(BLOCK=8)  # constexprs and options by value
+    assert key(base, num_warps=4) != key(base, num_warps=8)
 
 
 def _copy_kernel():

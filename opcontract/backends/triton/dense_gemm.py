@@ -23,7 +23,8 @@ INTERPRETER_CONFIG = {"block_m": 32, "block_n": 64}
 # (the tuner verifies that bitwise for every candidate). parallel_partials: the contract's
 # 256-element K partials of a small-M call computed by separate programs (a GEMV streams
 # the weight with every SM), then added in ascending order from zero, as the K loop adds
-# them; used where their float32 planes fit in PARTIALS_BYTES.
+# them, by each tile's last program in the same launch; used where their float32 planes
+# fit in PARTIALS_BYTES.
 CONFIG_SPACE = {
     "block_m": (16, 32, 64, 128),
     "block_n": (32, 64, 128, 256),
@@ -33,30 +34,47 @@ CONFIG_SPACE = {
     "parallel_partials": (False, True),
 }
 PARTIALS_BYTES = 64 << 20
-ADD_BLOCK = 512  # elements per program of the partials' sum
-ADD_UNROLL = 8  # planes whose loads are issued together (the adds stay in plane order)
+_ARRIVALS: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def default_config() -> dict:
     return dict(CONFIG, **(INTERPRETER_CONFIG if interpreting() else {}))
 
 
+def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
+    """Per-tile arrival counters for a parallel-partials launch, zero before it and after
+    it (each tile's last program resets its own). Kept per stream, since launches on one
+    stream never overlap; a CUDA graph being captured gets counters of its own."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
+    buf = _ARRIVALS.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = _ARRIVALS[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
 def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
     from opcontract.backends.triton import gemm_kernels as gk
 
-    cfg = {**default_config(), **(config or {})}
+    interp = interpreting()
+    cfg = {**CONFIG, **(INTERPRETER_CONFIG if interp else {}), **(config or {})}
     step = STEP_K[str(a.dtype).removeprefix("torch.")]
     chunks = -(-K // K_BLOCK)
-    parallel = cfg.get("parallel_partials") and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
-    out = torch.empty(chunks, M, N, dtype=torch.float32, device=c.device) if parallel else c
-    grid = (-(-M // cfg["block_m"]) * -(-N // cfg["block_n"]), chunks if parallel else 1)
+    parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
+    tiles = -(-M // cfg["block_m"]) * -(-N // cfg["block_n"])
+    if parallel:  # c is contiguous [M, N] here (forward's y or backward's dx), as a plane is
+        planes = torch.empty(chunks, M, N, dtype=torch.float32, device=c.device)
+        arrivals = _arrivals(c.device, tiles)
+    else:
+        planes = arrivals = c
     launch(
         gk._gemm_kernel,
-        grid,
+        (tiles, chunks if parallel else 1),
         a,
         b,
-        out,
-        bias if bias is not None and not parallel else out,
+        planes,
+        bias if bias is not None else c,
         M,
         N,
         K,
@@ -66,9 +84,11 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
         1,
         M * N if parallel else 0,
         0.0,
+        c,
+        arrivals,
         ACCUMULATE=False,
-        BIAS=bias is not None and not parallel,
-        INTERPRET=interpreting(),
+        BIAS=bias is not None,
+        INTERPRET=interp,
         PROMOTE=K_BLOCK // step,
         BLOCK_M=cfg["block_m"],
         BLOCK_N=cfg["block_n"],
@@ -78,22 +98,6 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    if parallel:  # c is contiguous [M, N] here: forward's y or backward's dx
-        launch(
-            gk._add_partials_kernel,
-            (-(-M * N // ADD_BLOCK),),
-            out,
-            c,
-            bias if bias is not None else out,
-            M * N,
-            N,
-            chunks,
-            M * N,
-            BIAS=bias is not None,
-            BLOCK=ADD_BLOCK,
-            UNROLL=ADD_UNROLL,
-            num_warps=4,
-        )
 
 
 def forward(x, weight, bias, config=None):

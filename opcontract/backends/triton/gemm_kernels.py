@@ -61,7 +61,7 @@ def _flush_at(k0, K, BLOCK_K: tl.constexpr, PROMOTE: tl.constexpr):
 
 @triton.jit
 def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk,
-                 stride_bn, stride_cm, stride_cn, stride_cchunk, zero,
+                 stride_bn, stride_cm, stride_cn, stride_cchunk, zero, out_ptr, arrivals_ptr,
                  ACCUMULATE: tl.constexpr, BIAS: tl.constexpr, INTERPRET: tl.constexpr,
                  PROMOTE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -70,18 +70,20 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
     ascending, no split.
 
     CHUNK > 0 (a multiple of PROMOTE * BLOCK_K): program (tile, j) computes only K chunk j,
-    as 0 + its promoted partial, into float32 plane j of c (``stride_cchunk`` apart);
-    ``_add_partials_kernel`` then adds the planes in ascending order. Every addition and
-    its order are the sequential loop's.
+    as 0 + its promoted partial, into float32 plane j of c (``stride_cchunk`` apart, rows
+    ``stride_cm`` apart, as out's rows are), then counts itself in the tile's arrival
+    counter; the tile's last program to arrive adds the planes in ascending order from
+    zero (+ bias), casts once and writes out, then resets the counter to zero. Every
+    addition and its order are the sequential loop's; the counter (the only atomic) elects
+    a program and orders no arithmetic.
     """
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N),
-                                GROUP_M)
+    tile = tl.program_id(0)
+    pid_m, pid_n = _tile_coords(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     k_lo = 0
     k_hi = K
     if CHUNK > 0:
         k_lo = tl.program_id(1) * CHUNK
         k_hi = tl.minimum(K, k_lo + CHUNK)
-        c_ptr += tl.program_id(1).to(tl.int64) * stride_cchunk
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
@@ -99,21 +101,35 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
                                INTERPRET, PROMOTE)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+    offs = rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
     c_mask = (rm < M)[:, None] & (rn < N)[None, :]
-    if BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if ACCUMULATE:  # a chunk's partial added to a float32 buffer
-        acc = tl.load(c_ptrs, mask=c_mask, other=0.0) + acc
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    if CHUNK > 0:
+        tl.store(c_ptr + tl.program_id(1).to(tl.int64) * stride_cchunk + offs, acc, mask=c_mask)
+        tl.debug_barrier()  # every thread's part of the plane is written before the count
+        arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
+        if arrived == tl.num_programs(1) - 1:
+            acc = fresh
+            for j in range(0, tl.num_programs(1)):
+                acc += tl.load(c_ptr + j * stride_cchunk + offs, mask=c_mask, other=0.0,
+                               cache_modifier=".cg")
+            if BIAS:
+                acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
+            tl.atomic_xchg(arrivals_ptr + tile, 0)
+    else:
+        if BIAS:
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if ACCUMULATE:  # a chunk's partial added to a float32 buffer
+            acc = tl.load(c_ptr + offs, mask=c_mask, other=0.0) + acc
+        tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 @triton.jit
 def _add_partials_kernel(parts_ptr, c_ptr, bias_ptr, total, N, n_chunks, stride_chunk,
                          BIAS: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the sequential
-    GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0 (and, without
-    bias, the RMSNorm backward's sum of its weight-gradient partials). UNROLL
+    """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the adds of
+    ``_gemm_kernel``'s CHUNK epilogue, as a kernel of its own (the RMSNorm backward sums its
+    weight-gradient partials with it, without bias). UNROLL
     planes' loads are issued ahead of their adds; a plane past n_chunks loads as +0, and
     acc + 0 is acc (acc starts at +0, so it is never -0)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -7,11 +7,9 @@ launcher, skipping the JIT's argument binding, cache-key hashing and option pars
 half the host time of a launch at decode sizes on the H200:
 benchmarks/results/host_profile_h200.json). The binary that runs is the one the JIT chose.
 
-The specialization key is at least as fine as the JIT's: the current device, the launch
-options, each constexpr's value, and for each runtime argument what Triton specialises on
-(a tensor's dtype and 16-byte alignment; an int's type range, equality to 1 and
-divisibility by 16; a float is float32; anything else by value). Under
-``TRITON_INTERPRET=1`` every launch goes through the JIT.
+The key that finds a compiled kernel is at least as fine as the JIT's specialization (see
+``_key``). Runtime arguments are positional and constexprs named, so a hit needs no
+signature binding. Under ``TRITON_INTERPRET=1`` every launch goes through the JIT.
 """
 
 from __future__ import annotations
@@ -24,10 +22,9 @@ import torch
 from opcontract.backends.triton import LAUNCH, interpreting
 
 _PLANS: dict[int, tuple] = {}
-_COMPILED: dict[tuple, tuple[Any, tuple]] = {}
+_COMPILED: dict[tuple, tuple[Any, Any, tuple]] = {}
 _MAX = 4096
-_I32 = 1 << 31
-_I64 = 1 << 63
+_Tensor = torch.Tensor
 
 
 def _plan(kernel) -> tuple[tuple[str, ...], frozenset[str], tuple[bool, ...], dict[str, Any]]:
@@ -43,48 +40,56 @@ def _plan(kernel) -> tuple[tuple[str, ...], frozenset[str], tuple[bool, ...], di
     return entry[1:]
 
 
-def _spec(value: Any, constexpr: bool) -> Any:
-    if constexpr:
-        return value
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.data_ptr() & 15 == 0)
-    if type(value) is int:
-        return (-_I32 <= value < _I32, value < _I64, value == 1, value & 15 == 0)
-    if type(value) is float:
-        return float
-    return (type(value), value)
+def _key(kernel, device: int, args: tuple, meta: dict) -> tuple:
+    """What selects a compiled kernel, at least as finely as Triton's specialization: the
+    named arguments (constexprs, options) by value; a positional tensor by dtype and 16-byte
+    alignment; a float as float32; any other positional argument by type and value."""
+    return (
+        id(kernel),
+        device,
+        tuple(meta.items()),
+        *[
+            (a.dtype, a.data_ptr() & 15 == 0)
+            if type(a) is _Tensor
+            else float
+            if type(a) is float
+            else (type(a), a)
+            for a in args
+        ],
+    )
+
+
+def _tail(kernel, args: tuple, meta: dict) -> tuple:
+    """The values of the parameters after the positional ones, in signature order: what the
+    compiled kernel's launcher takes after ``args`` (constexprs included)."""
+    names, _, _, defaults = _plan(kernel)
+    return tuple(meta[n] if n in meta else defaults[n] for n in names[len(args) :])
 
 
 def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
-    """Launch ``kernel`` (a ``@triton.jit`` function) on ``grid``: positional runtime
-    arguments in signature order, constexprs and launch options (num_warps, num_stages)
+    """Launch ``kernel`` (a ``@triton.jit`` function) on ``grid``: runtime arguments
+    positional, in signature order; constexprs and launch options (num_warps, num_stages)
     by name."""
-    meta = {**LAUNCH, **meta}
-    if interpreting():
-        kernel[grid](*args, **meta)
+    key = None
+    if _COMPILED:  # only compiled (not interpreted) kernels on a GPU ever land here
+        device = torch._C._cuda_getDevice()  # the device Triton launches on: the current one
+        key = _key(kernel, device, args, meta)
+        hit = _COMPILED.get(key)
+        if hit is not None and hit[0] is kernel:
+            g = grid if len(grid) == 3 else (*grid, 1, 1)[:3]
+            hit[1][g](*args, *hit[2], stream=torch._C._cuda_getCurrentRawStream(device))
+            return
+    compiled = kernel[grid](*args, **LAUNCH, **meta)
+    if compiled is None or not hasattr(compiled, "function") or interpreting():
         return
-    names, name_set, constexpr, defaults = _plan(kernel)
-    values = list(args)
-    for name in names[len(args) :]:
-        values.append(meta[name] if name in meta else defaults[name])
-    options = tuple((k, v) for k, v in meta.items() if k not in name_set)
-    device = torch._C._cuda_getDevice()  # the device Triton launches on: the current one
-    key = (
-        id(kernel),
-        device,
-        options,
-        tuple(_spec(v, c) for v, c in zip(values, constexpr, strict=True)),
-    )
-    hit = _COMPILED.get(key)
-    grid3 = tuple(grid) + (1,) * (3 - len(grid))
-    if hit is not None and hit[0] is kernel:
-        hit[1][grid3](*values, stream=torch._C._cuda_getCurrentRawStream(device))
-        return
-    compiled = kernel[grid](*args, **meta)
-    if compiled is not None and hasattr(compiled, "function"):
-        if len(_COMPILED) >= _MAX:
-            _COMPILED.clear()
-        _COMPILED[key] = (kernel, compiled)
+    bad = [k for k, v in meta.items() if isinstance(v, torch.Tensor)]
+    if bad:  # a key holds named values; a tensor there would be keyed (and kept) by identity
+        raise TypeError(f"launch: pass runtime arguments positionally, not {bad}")
+    if key is None:
+        key = _key(kernel, torch._C._cuda_getDevice(), args, meta)
+    if len(_COMPILED) >= _MAX:
+        _COMPILED.clear()
+    _COMPILED[key] = (kernel, compiled, _tail(kernel, args, {**LAUNCH, **meta}))
 
 
 def clear() -> None:

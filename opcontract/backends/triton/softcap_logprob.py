@@ -267,6 +267,8 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         *sc,
         0,
         0.0,
+        c,
+        c,
         ACCUMULATE=accumulate,
         BIAS=False,
         INTERPRET=interpreting(),
