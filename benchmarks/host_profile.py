@@ -3,14 +3,15 @@
     python benchmarks/host_profile.py --out results.json [--profile profile.txt]
 
 For dense_gemm at o_proj's shape (M = 1, K = 4096, N = 6656, bf16, the shipped table's
-config) and rms_norm at T = 1: wall time per call of a loop of calls (synchronised once
-at the end) for the dispatch call, its host-side logic alone, the op function, the Triton
-host wrapper, each kernel's launch through Triton's JIT with buffers allocated beforehand,
-the same kernels (and a small one, the RMSNorm weight-gradient sum) launched through the
-compiled handle (``CompiledKernel.run``, skipping
-the JIT's argument binding and cache lookup) and through opcontract's ``launch`` (which does
-that after a specialization's first launch), and the torch calls a wrapper makes. With
-``--profile``, a cProfile of the dispatch loop sorted by own time.
+config) and rms_norm at T = 1: wall time per call of a loop of calls (synchronised once at
+the end: the larger of host and GPU time) and the host time alone (``host_us``), for the
+dispatch call, its host-side logic alone, the op function, the Triton host wrapper, each
+kernel's launch through Triton's JIT with buffers allocated beforehand, the same kernels
+(and a small one, the RMSNorm weight-gradient sum) launched through the compiled handle
+(``CompiledKernel.run``, skipping the JIT's argument binding and cache lookup) and through
+opcontract's ``launch`` (which does that after a specialization's first launch), and the
+torch calls a wrapper makes. With ``--profile``, a cProfile of the dispatch loop sorted by
+own time.
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ def per_call_us(fn, n: int) -> float:
             fn()
         torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+def host_us(fn, n: int = 200) -> float:
+    """Host time per call alone: a short loop timed without waiting for the GPU (its work
+    queues behind; n stays far below the launch queue's depth)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
     return best
 
 
@@ -167,9 +184,9 @@ def main() -> int:
     with torch.no_grad():
         for op, fns in layers.items():
             for name, fn in fns.items():
-                us = per_call_us(fn, args.n)
-                rows.append({"op": op, "layer": name, "us_per_call": us})
-                print(f"{op:24s} {name:44s} {us:8.2f} us/call", flush=True)
+                us, host = per_call_us(fn, args.n), host_us(fn)
+                rows.append({"op": op, "layer": name, "us_per_call": us, "host_us_per_call": host})
+                print(f"{op:24s} {name:44s} {us:8.2f} us/call  host {host:8.2f} us", flush=True)
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

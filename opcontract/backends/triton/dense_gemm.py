@@ -9,7 +9,7 @@ from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
 from opcontract.backends.triton import interpreting
 from opcontract.backends.triton.launch import launch
 
-STEP_K = {"bfloat16": 64, "float16": 64, "float32": 32}
+STEP_K = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 32}
 CONFIG = {
     "block_m": 128,
     "block_n": 128,
@@ -59,7 +59,7 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
 
     interp = interpreting()
     cfg = {**CONFIG, **(INTERPRETER_CONFIG if interp else {}), **(config or {})}
-    step = STEP_K[str(a.dtype).removeprefix("torch.")]
+    step = STEP_K[a.dtype]
     chunks = -(-K // K_BLOCK)
     parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
     tiles = -(-M // cfg["block_m"]) * -(-N // cfg["block_n"])

@@ -59,6 +59,11 @@ def _flush_at(k0, K, BLOCK_K: tl.constexpr, PROMOTE: tl.constexpr):
     return flush
 
 
+# Planes whose loads the CHUNK epilogue issues together. A plane past the last loads as +0,
+# and acc + 0 is acc (acc starts at +0, so it is never -0).
+SUM_UNROLL = tl.constexpr(8)
+
+
 @triton.jit
 def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                  stride_bn, stride_cm, stride_cn, stride_cchunk, zero, out_ptr, arrivals_ptr,
@@ -70,8 +75,8 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
     ascending, no split.
 
     CHUNK > 0 (a multiple of PROMOTE * BLOCK_K): program (tile, j) computes only K chunk j,
-    as 0 + its promoted partial, into float32 plane j of c (``stride_cchunk`` apart, rows
-    ``stride_cm`` apart, as out's rows are), then counts itself in the tile's arrival
+    as 0 + its promoted partial, into float32 plane j of c (``stride_cchunk`` apart; planes
+    and out row-major, rows ``stride_cm`` apart), then counts itself in the tile's arrival
     counter; the tile's last program to arrive adds the planes in ascending order from
     zero (+ bias), casts once and writes out, then resets the counter to zero. Every
     addition and its order are the sequential loop's; the counter (the only atomic) elects
@@ -103,15 +108,20 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
         b_ptrs += BLOCK_K * stride_bk
     offs = rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
     c_mask = (rm < M)[:, None] & (rn < N)[None, :]
-    if CHUNK > 0:
+    if CHUNK > 0:  # planes and out are row-major, rows stride_cm apart
+        offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
         tl.store(c_ptr + tl.program_id(1).to(tl.int64) * stride_cchunk + offs, acc, mask=c_mask)
         tl.debug_barrier()  # every thread's part of the plane is written before the count
         arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
         if arrived == tl.num_programs(1) - 1:
             acc = fresh
-            for j in range(0, tl.num_programs(1)):
-                acc += tl.load(c_ptr + j * stride_cchunk + offs, mask=c_mask, other=0.0,
-                               cache_modifier=".cg")
+            n_chunks = tl.num_programs(1)
+            for j0 in range(0, n_chunks, SUM_UNROLL):
+                for u in tl.static_range(SUM_UNROLL):  # loads issued ahead, adds in order
+                    j = j0 + u
+                    live = c_mask & ((offs * 0 + j) < n_chunks)
+                    acc += tl.load(c_ptr + j * stride_cchunk + offs, mask=live, other=0.0,
+                                   cache_modifier=".cg")
             if BIAS:
                 acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
