@@ -131,7 +131,8 @@ def main() -> int:
     g_meta = dict(
         ACCUMULATE=False, BIAS=False, INTERPRET=False, PROMOTE=gemm_op.K_BLOCK // 64,
         BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=64, GROUP_M=cfg["group_m"],
-        CHUNK=gemm_op.K_BLOCK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        CHUNK=gemm_op.K_BLOCK, FUSE_SUM=True, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )  # fmt: skip
     # a small kernel (its GPU time far below its host time): the RMSNorm weight-gradient sum
     H, n_parts = 6656, 64

@@ -80,26 +80,29 @@ def test_strict_linear_autograd_and_compile_keep_bits():
         assert torch.equal(eager, compiled)
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("K", [600, 4352])  # 3 and 17 partials: inside and past one unroll
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_parallel_partials_keep_the_bits(dtype, K, monkeypatch):
-    """The 256-element K partials computed by separate programs, then added in order by each
-    tile's last program: the same bits as the sequential K loop, forward (with bias) and
-    gradients; the arrival counters are back at zero after every launch."""
+def test_parallel_partials_keep_the_bits(dtype, K, fuse, monkeypatch):
+    """The 256-element K partials computed by separate programs, then added in order (by
+    each tile's last program, or by a second launch): the same bits as the sequential K
+    loop, forward (with bias) and gradients; the arrival counters are back at zero after
+    every fused launch."""
     from opcontract.backends.registry import implementation
     from opcontract.backends.triton import dense_gemm as tdg
 
-    grids = []
+    launches = []
     real_launch = tdg.launch
 
     def spy(kernel, grid, *args, **meta):
-        grids.append(grid)
+        launches.append(("gemm", grid[1]) if "CHUNK" in meta else ("sum",))
         real_launch(kernel, grid, *args, **meta)
-        arrivals = args[16]
-        if meta["CHUNK"]:
+        if meta.get("FUSE_SUM"):
+            arrivals = args[16]
             assert arrivals.dtype == torch.int32 and not arrivals.any()
 
     monkeypatch.setattr(tdg, "launch", spy)
+    monkeypatch.setattr(tdg, "fuse_sum", lambda device: fuse)
     impl = implementation("triton.gemm")
     base = impl.default_config(None)
     g = torch.Generator().manual_seed(3)
@@ -116,5 +119,12 @@ def test_parallel_partials_keep_the_bits(dtype, K, monkeypatch):
         assert torch.equal(a, b), name
     assert not torch.equal(outs[0][0], torch.zeros_like(outs[0][0]))
     # per run: forward, dx, dw; the parallel run's forward (K) and dx (N = 300) split their
-    # reduction into 256-element partials (dw never does)
-    assert [g[1] for g in grids] == [1, 1, 1, -(-K // 256), 2, 1]
+    # reduction into 256-element partials (dw never does), summed in place or by a launch
+    sums = [] if fuse else [("sum",)]
+    assert launches == [("gemm", 1)] * 3 + [
+        ("gemm", -(-K // 256)),
+        *sums,
+        ("gemm", 2),
+        *sums,
+        ("gemm", 1),
+    ]

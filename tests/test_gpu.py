@@ -61,9 +61,10 @@ def test_parallel_partials_bitwise_on_muse_shapes(N, K):
 
 
 def test_parallel_partials_counters_and_graph_replay():
-    """The single-launch partials leave every arrival counter at zero, keep their bits
-    across many launches back to back and on a second stream, and replay from a CUDA graph
-    (which owns its counters) to the eager bits."""
+    """Eager parallel partials (summed by each tile's last program) leave every arrival
+    counter at zero and keep their bits across many launches back to back and on a second
+    stream; captured in a CUDA graph (summed by a second launch) they replay to the same
+    bits."""
     from opcontract.backends.registry import implementation
     from opcontract.backends.triton import dense_gemm as tdg
 

@@ -23,8 +23,7 @@ INTERPRETER_CONFIG = {"block_m": 32, "block_n": 64}
 # (the tuner verifies that bitwise for every candidate). parallel_partials: the contract's
 # 256-element K partials of a small-M call computed by separate programs (a GEMV streams
 # the weight with every SM), then added in ascending order from zero, as the K loop adds
-# them, by each tile's last program in the same launch; used where their float32 planes
-# fit in PARTIALS_BYTES.
+# them (see fuse_sum); used where their float32 planes fit in PARTIALS_BYTES.
 CONFIG_SPACE = {
     "block_m": (16, 32, 64, 128),
     "block_n": (32, 64, 128, 256),
@@ -34,6 +33,8 @@ CONFIG_SPACE = {
     "parallel_partials": (False, True),
 }
 PARTIALS_BYTES = 64 << 20
+ADD_BLOCK = 512  # elements per program of the second launch's plane sum
+ADD_UNROLL = 8  # planes whose loads are issued together (the adds stay in plane order)
 _ARRIVALS: dict[tuple[int, int], torch.Tensor] = {}
 
 
@@ -42,16 +43,25 @@ def default_config() -> dict:
 
 
 def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
-    """Per-tile arrival counters for a parallel-partials launch, zero before it and after
-    it (each tile's last program resets its own). Kept per stream, since launches on one
-    stream never overlap; a CUDA graph being captured gets counters of its own."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    """Per-tile arrival counters for a fused parallel-partials launch, zero before it and
+    after it (each tile's last program resets its own). Kept per stream, since launches on
+    one stream never overlap (fuse_sum keeps graph captures off them)."""
+    if device.type != "cuda":
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
     buf = _ARRIVALS.get(key)
     if buf is None or buf.numel() < tiles:
         buf = _ARRIVALS[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
     return buf
+
+
+def fuse_sum(device: torch.device) -> bool:
+    """Whether parallel partials are summed in their own launch (by each tile's last
+    program) or in a second one. The bits are the same. One launch costs less host time,
+    which decides an eager call at decode sizes; inside a CUDA graph only GPU time counts,
+    and there the second launch's plain sum is shorter than the last program's (H200,
+    o_proj M = 1: benchmarks/results/host_profile_h200.json)."""
+    return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 
 
 def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
@@ -63,11 +73,11 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
     chunks = -(-K // K_BLOCK)
     parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
     tiles = -(-M // cfg["block_m"]) * -(-N // cfg["block_n"])
+    fuse = parallel and fuse_sum(c.device)
     if parallel:  # c is contiguous [M, N] here (forward's y or backward's dx), as a plane is
         planes = torch.empty(chunks, M, N, dtype=torch.float32, device=c.device)
-        arrivals = _arrivals(c.device, tiles)
     else:
-        planes = arrivals = c
+        planes = c
     launch(
         gk._gemm_kernel,
         (tiles, chunks if parallel else 1),
@@ -85,7 +95,7 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
         M * N if parallel else 0,
         0.0,
         c,
-        arrivals,
+        _arrivals(c.device, tiles) if fuse else c,
         ACCUMULATE=False,
         BIAS=bias is not None,
         INTERPRET=interp,
@@ -95,9 +105,26 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
         BLOCK_K=step,
         GROUP_M=cfg["group_m"],
         CHUNK=K_BLOCK if parallel else 0,
+        FUSE_SUM=fuse,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if parallel and not fuse:
+        launch(
+            gk._add_partials_kernel,
+            (-(-M * N // ADD_BLOCK),),
+            planes,
+            c,
+            bias if bias is not None else planes,
+            M * N,
+            N,
+            chunks,
+            M * N,
+            BIAS=bias is not None,
+            BLOCK=ADD_BLOCK,
+            UNROLL=ADD_UNROLL,
+            num_warps=4,
+        )
 
 
 def forward(x, weight, bias, config=None):

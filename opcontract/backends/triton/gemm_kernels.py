@@ -70,17 +70,17 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
                  ACCUMULATE: tl.constexpr, BIAS: tl.constexpr, INTERPRET: tl.constexpr,
                  PROMOTE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr, CHUNK: tl.constexpr):
+                 GROUP_M: tl.constexpr, CHUNK: tl.constexpr, FUSE_SUM: tl.constexpr):
     """c = a @ b (+ bias, in float32; ACCUMULATE: c += a @ b, c float32), the K loop
     ascending, no split.
 
     CHUNK > 0 (a multiple of PROMOTE * BLOCK_K): program (tile, j) computes only K chunk j,
     as 0 + its promoted partial, into float32 plane j of c (``stride_cchunk`` apart; planes
-    and out row-major, rows ``stride_cm`` apart), then counts itself in the tile's arrival
-    counter; the tile's last program to arrive adds the planes in ascending order from
-    zero (+ bias), casts once and writes out, then resets the counter to zero. Every
-    addition and its order are the sequential loop's; the counter (the only atomic) elects
-    a program and orders no arithmetic.
+    and out row-major, rows ``stride_cm`` apart). The planes are then added in ascending
+    order from zero (+ bias) and cast once into out: by ``_add_partials_kernel`` in a
+    second launch, or (FUSE_SUM) in this one, by the tile's last program to arrive, which
+    an arrival counter elects (the only atomic: it orders no arithmetic) and which resets
+    the counter to zero. Every addition and its order are the sequential loop's.
     """
     tile = tl.program_id(0)
     pid_m, pid_n = _tile_coords(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -111,6 +111,7 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
     if CHUNK > 0:  # planes and out are row-major, rows stride_cm apart
         offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
         tl.store(c_ptr + tl.program_id(1).to(tl.int64) * stride_cchunk + offs, acc, mask=c_mask)
+    if CHUNK > 0 and FUSE_SUM:
         tl.debug_barrier()  # every thread's part of the plane is written before the count
         arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
         if arrived == tl.num_programs(1) - 1:
@@ -126,7 +127,7 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
                 acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
             tl.atomic_xchg(arrivals_ptr + tile, 0)
-    else:
+    if CHUNK == 0:
         if BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if ACCUMULATE:  # a chunk's partial added to a float32 buffer
@@ -137,9 +138,10 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
 @triton.jit
 def _add_partials_kernel(parts_ptr, c_ptr, bias_ptr, total, N, n_chunks, stride_chunk,
                          BIAS: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the adds of
-    ``_gemm_kernel``'s CHUNK epilogue, as a kernel of its own (the RMSNorm backward sums its
-    weight-gradient partials with it, without bias). UNROLL
+    """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the sequential
+    GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0 and not
+    FUSE_SUM (and, without bias, the RMSNorm backward's sum of its weight-gradient
+    partials). UNROLL
     planes' loads are issued ahead of their adds; a plane past n_chunks loads as +0, and
     acc + 0 is acc (acc starts at +0, so it is never -0)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -278,6 +278,7 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         BLOCK_K=block_k,
         GROUP_M=cfg["group_m"],
         CHUNK=0,
+        FUSE_SUM=False,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
