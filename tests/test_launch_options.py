@@ -140,3 +140,4 @@ def test_compiled_handle_launch_matches_the_jit():
                     torch.cuda.synchronize()
                     assert torch.equal(got, want), (offset, n, c)
     assert len(launch_mod._COMPILED) >= 2 * 3 * 2  # alignments x size classes x constexprs
+    assert launch_mod._DIRECT_OK  # this Triton's launcher took the direct call

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from opcontract.backends.gemm_op import K_BLOCK  # the contract's gemm_k block
@@ -64,11 +66,19 @@ def fuse_sum(device: torch.device) -> bool:
     return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 
 
-def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
-    from opcontract.backends.triton import gemm_kernels as gk
+@functools.cache
+def _kernels():
+    from opcontract.backends.triton import gemm_kernels
 
+    return gemm_kernels
+
+
+def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
+    gk = _kernels()
     interp = interpreting()
-    cfg = {**CONFIG, **(INTERPRETER_CONFIG if interp else {}), **(config or {})}
+    if config is None or not config.keys() >= CONFIG.keys():
+        config = {**CONFIG, **(INTERPRETER_CONFIG if interp else {}), **(config or {})}
+    cfg = config
     step = STEP_K[a.dtype]
     chunks = -(-K // K_BLOCK)
     parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES

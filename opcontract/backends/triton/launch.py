@@ -3,9 +3,10 @@
 ``launch(kernel, grid, *args, **meta)`` is ``kernel[grid](*args, **LAUNCH, **meta)``. The
 first launch of a specialization goes through Triton's JIT, which compiles (or loads) the
 kernel; later launches of the same specialization go straight to the compiled kernel's
-launcher, skipping the JIT's argument binding, cache-key hashing and option parsing (about
-half the host time of a launch at decode sizes on the H200:
-benchmarks/results/host_profile_h200.json). The binary that runs is the one the JIT chose.
+launcher, skipping the JIT's argument binding, cache-key hashing and option parsing, and
+(when no launch hook is installed) the runner's launch metadata and hook calls
+(benchmarks/results/host_profile_h200.json). The binary that runs is the one the JIT
+chose.
 
 The key that finds a compiled kernel is at least as fine as the JIT's specialization (see
 ``_key``). Runtime arguments are positional and constexprs named, so a hit needs no
@@ -66,6 +67,32 @@ def _tail(kernel, args: tuple, meta: dict) -> tuple:
     return tuple(meta[n] if n in meta else defaults[n] for n in names[len(args) :])
 
 
+def _no_hooks() -> bool:
+    """No launch hooks are installed (a profiler such as Proton installs them)."""
+    from triton import knobs
+
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):  # a HookChain lists its calls
+            return False
+    return True
+
+
+def _direct(compiled, grid: tuple, stream: int, values: tuple) -> bool:
+    """Call the compiled kernel's launcher as its own runner does, without launch metadata
+    and hooks (there are none); False if this Triton's launcher takes other arguments."""
+    global _DIRECT_OK
+    try:
+        compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *values)  # fmt: skip
+    except TypeError:  # raised while parsing the arguments, before anything launches
+        _DIRECT_OK = False
+        return False
+    return True
+
+
+_DIRECT_OK = True
+
+
 def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     """Launch ``kernel`` (a ``@triton.jit`` function) on ``grid``: runtime arguments
     positional, in signature order; constexprs and launch options (num_warps, num_stages)
@@ -77,7 +104,10 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         hit = _COMPILED.get(key)
         if hit is not None and hit[0] is kernel:
             g = grid if len(grid) == 3 else (*grid, 1, 1)[:3]
-            hit[1][g](*args, *hit[2], stream=torch._C._cuda_getCurrentRawStream(device))
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            values = (*args, *hit[2])
+            if not (_DIRECT_OK and _no_hooks() and _direct(hit[1], g, stream, values)):
+                hit[1][g](*values, stream=stream)
             return
     compiled = kernel[grid](*args, **LAUNCH, **meta)
     if compiled is None or not hasattr(compiled, "function") or interpreting():
