@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_stamp, write  # noqa: E402
+from common import bench_graph, env_stamp, write  # noqa: E402
 
 from opcontract import dispatch  # noqa: E402
 from opcontract.backends import gemm_op  # noqa: E402
@@ -79,6 +79,47 @@ def compiled_launcher(jit_fn, grid, args: tuple, meta: dict):
         run(g[0], g[1], g[2], stream, function, packed, None, None, None, *values)
 
     return launch
+
+
+SHAPES = {"qkv_gate": (8704, 6656), "o_proj": (6656, 4096), "gate_up": (39936, 6656),
+          "down_proj": (6656, 19968)}  # fmt: skip
+
+
+def sum_variants(n: int) -> list[dict]:
+    """Parallel partials summed by each tile's last program (fused) or by a second launch:
+    wall time of an eager loop, host time alone and graph-replay GPU time, per Muse Glimmer
+    shape at M = 1 and 16 with the table's Triton config for the bucket (bits checked
+    equal)."""
+    from opcontract.backends.registry import implementation
+    from opcontract.backends.triton import dense_gemm as tg
+
+    impl = implementation("triton.gemm")
+    rows = []
+    real = tg.fuse_sum
+    try:
+        for name, (N, K) in SHAPES.items():
+            w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+            for M in (1, 16):
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                cfg = {**dispatch.explain("dense_gemm", x, w, backend="triton").config,
+                       "parallel_partials": True}  # fmt: skip
+                outs = {}
+                for fused in (True, False):
+                    tg.fuse_sum = lambda device, weight_bytes, f=fused: f
+                    fn = lambda c=cfg, x=x, w=w: impl.run(c, x=x, weight=w, bias=None)  # noqa: E731
+                    outs[fused] = fn()
+                    row = {"op": f"dense_gemm.{name} M={M}", "layer": "parallel partials, "
+                           + ("summed by the last program" if fused else "summed by a 2nd launch"),
+                           "us_per_call": per_call_us(fn, n), "host_us_per_call": host_us(fn),
+                           "graph_us": bench_graph(fn, rep_ms=50) * 1e3}  # fmt: skip
+                    rows.append(row)
+                    print(row, flush=True)
+                rows[-1]["bits_equal"] = rows[-2]["bits_equal"] = bool(
+                    torch.equal(outs[True], outs[False])
+                )
+    finally:
+        tg.fuse_sum = real
+    return rows
 
 
 def main() -> int:
@@ -188,6 +229,7 @@ def main() -> int:
                 us, host = per_call_us(fn, args.n), host_us(fn)
                 rows.append({"op": op, "layer": name, "us_per_call": us, "host_us_per_call": host})
                 print(f"{op:24s} {name:44s} {us:8.2f} us/call  host {host:8.2f} us", flush=True)
+        rows += sum_variants(args.n // 4)
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

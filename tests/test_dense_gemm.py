@@ -102,7 +102,7 @@ def test_parallel_partials_keep_the_bits(dtype, K, fuse, monkeypatch):
             assert arrivals.dtype == torch.int32 and not arrivals.any()
 
     monkeypatch.setattr(tdg, "launch", spy)
-    monkeypatch.setattr(tdg, "fuse_sum", lambda device: fuse)
+    monkeypatch.setattr(tdg, "fuse_sum", lambda device, weight_bytes: fuse)
     impl = implementation("triton.gemm")
     base = impl.default_config(None)
     g = torch.Generator().manual_seed(3)

@@ -136,25 +136,29 @@ def _dlpack_args(a, b, c, bias, num_ctas):
 def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
     """Compile once per key (dtype, tiles, group, bias, overlap), then launch on the current
     stream."""
-    import cutlass.cute as cute
-
-    from opcontract.backends.cute.gemm_kernel import PromotedGemmSm90
-
-    dtype, tile_m, tile_n, group_m, has_bias, overlap = key
     ffi = _tvm_ffi()
     args = None if ffi else _dlpack_args(a, b, c, bias, num_ctas)
     fn = _compiled.get(key)
     if fn is None:
+        import cutlass.cute as cute
+
+        from opcontract.backends.cute.gemm_kernel import PromotedGemmSm90
+
+        dtype, tile_m, tile_n, group_m, has_bias, overlap = key
         kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap)
         if ffi:
             fn = cute.compile(kernel, *_fake_args(dtype), options="--enable-tvm-ffi")
         else:
             fn = cute.compile(kernel, *args)
         _compiled[key] = fn
-    if ffi:
-        fn(a.detach(), b.detach(), c, bias.detach(), num_ctas)
+    if ffi:  # DLPack refuses tensors that require grad; the kernel only reads them
+        fn(_plain(a), _plain(b), c, _plain(bias), num_ctas)
     else:
         fn(*args)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t.detach() if t.requires_grad else t
 
 
 def gemm(
@@ -188,10 +192,13 @@ def gemm(
     tile_m, tile_n = int(cfg["tile_m"]), int(cfg["tile_n"])
     tiles = -(-M // tile_m) * -(-N // tile_n)
     num_ctas = min(tiles, _sm_count(a.device.index or 0))
-    with torch.cuda.device(a.device):
-        overlap = bool(int(cfg.get("overlap", 0))) and Kp % OVERLAP_K == 0
-        key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap)
+    overlap = bool(int(cfg.get("overlap", 0))) and Kp % OVERLAP_K == 0
+    key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap)
+    if a.device.index == torch._C._cuda_getDevice():
         _launch(key, a, b, c, bias_t, num_ctas)
+    else:  # the kernel launches on the current device: make it a's
+        with torch.cuda.device(a.device):
+            _launch(key, a, b, c, bias_t, num_ctas)
     return c if Np == N else c[:, :N].contiguous()
 
 

@@ -57,13 +57,19 @@ def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
-def fuse_sum(device: torch.device) -> bool:
+FUSE_MAX_BYTES = 64 << 20  # weights whose stream is shorter than a call's host time
+
+
+def fuse_sum(device: torch.device, weight_bytes: int) -> bool:
     """Whether parallel partials are summed in their own launch (by each tile's last
-    program) or in a second one. The bits are the same. One launch costs less host time,
-    which decides an eager call at decode sizes; inside a CUDA graph only GPU time counts,
-    and there the second launch's plain sum is shorter than the last program's (H200,
-    o_proj M = 1: benchmarks/results/host_profile_h200.json)."""
-    return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    program) or by a second one. The bits are the same. One launch costs less host time,
+    which decides an eager call whose weight streams faster than the host issues the call
+    (o_proj at M = 1 on the H200); the last program's sum costs GPU time, which decides
+    the rest, and a CUDA graph, where host time doesn't count
+    (benchmarks/results/host_profile_h200.json)."""
+    if device.type != "cuda":
+        return True
+    return weight_bytes <= FUSE_MAX_BYTES and not torch.cuda.is_current_stream_capturing()
 
 
 @functools.cache
@@ -83,7 +89,7 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
     chunks = -(-K // K_BLOCK)
     parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
     tiles = -(-M // cfg["block_m"]) * -(-N // cfg["block_n"])
-    fuse = parallel and fuse_sum(c.device)
+    fuse = parallel and fuse_sum(c.device, N * K * a.element_size())
     if parallel:  # c is contiguous [M, N] here (forward's y or backward's dx), as a plane is
         planes = torch.empty(chunks, M, N, dtype=torch.float32, device=c.device)
     else:

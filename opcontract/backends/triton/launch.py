@@ -44,7 +44,9 @@ def _plan(kernel) -> tuple[tuple[str, ...], frozenset[str], tuple[bool, ...], di
 def _key(kernel, device: int, args: tuple, meta: dict) -> tuple:
     """What selects a compiled kernel, at least as finely as Triton's specialization: the
     named arguments (constexprs, options) by value; a positional tensor by dtype and 16-byte
-    alignment; a float as float32; any other positional argument by type and value."""
+    alignment; a float as float32; any other positional argument by type and value (an
+    unhashable one, such as a TensorDescriptor, makes the key unhashable: such launches
+    always go through the JIT)."""
     return (
         id(kernel),
         device,
@@ -101,7 +103,10 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     if _COMPILED:  # only compiled (not interpreted) kernels on a GPU ever land here
         device = torch._C._cuda_getDevice()  # the device Triton launches on: the current one
         key = _key(kernel, device, args, meta)
-        hit = _COMPILED.get(key)
+        try:
+            hit = _COMPILED.get(key)
+        except TypeError:  # an unhashable argument (a TensorDescriptor): the JIT decides
+            hit = key = None
         if hit is not None and hit[0] is kernel:
             g = grid if len(grid) == 3 else (*grid, 1, 1)[:3]
             stream = torch._C._cuda_getCurrentRawStream(device)
@@ -117,6 +122,10 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         raise TypeError(f"launch: pass runtime arguments positionally, not {bad}")
     if key is None:
         key = _key(kernel, torch._C._cuda_getDevice(), args, meta)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument: every launch of it goes through the JIT
+        return
     if len(_COMPILED) >= _MAX:
         _COMPILED.clear()
     _COMPILED[key] = (kernel, compiled, _tail(kernel, args, {**LAUNCH, **meta}))
