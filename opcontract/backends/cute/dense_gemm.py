@@ -194,7 +194,7 @@ def gemm(
     num_ctas = min(tiles, _sm_count(a.device.index or 0))
     overlap = bool(int(cfg.get("overlap", 0))) and Kp % OVERLAP_K == 0
     key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap)
-    if a.device.index == torch._C._cuda_getDevice():
+    if a.device.type != "cuda" or a.device.index == torch.cuda.current_device():
         _launch(key, a, b, c, bias_t, num_ctas)
     else:  # the kernel launches on the current device: make it a's
         with torch.cuda.device(a.device):
