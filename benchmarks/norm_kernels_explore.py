@@ -194,26 +194,24 @@ def _embedding_parts(rows, T, gbps, rep_ms, V=202048):
     _, _, rstd = host.embedding_forward(ids, table, 1e-5, False)
     e = table.element_size()
     nbytes = V * H * e + 2 * T * H * e  # the table written; dy and each token's row read
-    shipped = host.EMBED_ROWS, host.EMBED_PREFETCH
+    shipped = host.EMBED_ROWS
     first = None
     for rows_per in (8, 16, 32):
-        for prefetch in (False, True):
-            host.EMBED_ROWS, host.EMBED_PREFETCH = rows_per, prefetch
-            out = host.embedding_backward(dy, None, ids, table, rstd)
-            first = out if first is None else first
-            _graph_row(
-                rows,
-                "embedding_backward.whole",
-                T,
-                lambda: host.embedding_backward(dy, None, ids, table, rstd),
-                rep_ms,
-                nbytes,
-                gbps,
-                rows_per_program=rows_per,
-                prefetch=prefetch,
-                bits_equal_to_first=bool(torch.equal(out, first)),
-            )
-    host.EMBED_ROWS, host.EMBED_PREFETCH = shipped
+        host.EMBED_ROWS = rows_per
+        out = host.embedding_backward(dy, None, ids, table, rstd)
+        first = out if first is None else first
+        _graph_row(
+            rows,
+            "embedding_backward.whole",
+            T,
+            lambda: host.embedding_backward(dy, None, ids, table, rstd),
+            rep_ms,
+            nbytes,
+            gbps,
+            rows_per_program=rows_per,
+            bits_equal_to_first=bool(torch.equal(out, first)),
+        )
+    host.EMBED_ROWS = shipped
     order = torch.argsort(ids, stable=True)
     sorted_ids = ids[order]
     r = torch.arange(V, device="cuda")

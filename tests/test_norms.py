@@ -163,18 +163,9 @@ def test_triton_sum_partials_adds_in_ascending_order(n_parts):
         assert torch.equal(out.cpu(), acc.to(dtype))
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "prefetch"])
-def embed_prefetch(request, monkeypatch):
-    """Both table passes of the embedding backward: ranges loaded per row, or up front."""
-    from opcontract.backends.triton import norms as tn
-
-    monkeypatch.setattr(tn, "EMBED_PREFETCH", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("with_raw", [False, True])
 def test_triton_embedding_backward_is_exact_enough_deterministic_and_syncless(
-    with_raw, monkeypatch, embed_prefetch
+    with_raw, monkeypatch
 ):
     """The table pass sums every row's tokens in ascending order, whole rows at a time:
     close to float64, equal run to run, zeros for unused rows, and no host sync (nothing in
@@ -205,7 +196,7 @@ def test_triton_embedding_backward_is_exact_enough_deterministic_and_syncless(
 
 
 @pytest.mark.parametrize("with_raw", [False, True])
-def test_triton_embedding_backward_adds_tokens_in_ascending_order(with_raw, embed_prefetch):
+def test_triton_embedding_backward_adds_tokens_in_ascending_order(with_raw):
     """A row used by many tokens gets exactly the float32 left-to-right sum of its tokens'
     gradients, each computed alone (the same kernel on one-token calls). (The torch
     backend's float32 token gradients are not bitwise the kernel's, so they can't serve.)"""
@@ -228,10 +219,10 @@ def test_triton_embedding_backward_adds_tokens_in_ascending_order(with_raw, embe
 
 
 @pytest.mark.parametrize("with_raw", [False, True])
-def test_triton_embedding_prefetch_keeps_the_bits(with_raw, monkeypatch):
-    """Loading the row ranges and first tokens up front moves loads only: the same bits,
-    with rows of 0, 1 and several tokens, the first and last rows, and a last program that
-    is only partly inside the table."""
+def test_triton_embedding_rows_per_program_keep_the_bits(with_raw, monkeypatch):
+    """How many table rows a program writes moves no add: the same bits with rows of 0, 1
+    and several tokens, the first and last rows, and a last program that is only partly
+    inside the table."""
     from opcontract.backends.triton import norms as tn
 
     g = torch.Generator().manual_seed(8)
@@ -242,15 +233,14 @@ def test_triton_embedding_prefetch_keeps_the_bits(with_raw, monkeypatch):
     d_raw = torch.randn(len(ids), H, generator=g).to(DEVICE) if with_raw else None
     _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
     out = {}
-    for prefetch in (False, True):
-        monkeypatch.setattr(tn, "EMBED_PREFETCH", prefetch)
-        monkeypatch.setattr(tn, "EMBED_ROWS", 8)  # 5 programs, the last one 3 rows long
-        out[prefetch] = tn.embedding_backward(dy, d_raw, ids, table, rstd)
-    assert torch.equal(out[False], out[True])
+    for rows in (1, 8):  # 37 programs, or 5 with the last one 5 rows long
+        monkeypatch.setattr(tn, "EMBED_ROWS", rows)
+        out[rows] = tn.embedding_backward(dy, d_raw, ids, table, rstd)
+    assert torch.equal(out[1], out[8])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_embedding_grad_through_the_op_writes_every_row(dtype, monkeypatch, embed_prefetch):
+def test_triton_embedding_grad_through_the_op_writes_every_row(dtype, monkeypatch):
     """Through the op (backend triton, y and raw both carrying gradients): table.grad within
     the contract's grad tolerance of float64, equal run to run, and rows no token used are
     exactly zero although every new float buffer starts as NaN (torch.empty poisoned): the

@@ -127,13 +127,11 @@ def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
 
 
 # table rows per program of the embedding backward (whole rows). H200, V = 202048,
-# H = 6656, graph replay, T = 8192 / 32768: 4 / 8 / 16 / 32 rows took 0.925 / 0.868 /
-# 0.857 / 0.877 ms and 1.316 / 1.252 / 1.228 / 1.245 ms; a memset of the table alone takes
-# 0.79 ms (benchmarks/results/norm_kernels_explore_h200.json at af53e45)
+# H = 6656, graph replay, T = 8192 / 32768: 8 / 16 / 32 rows took 0.881 / 0.869 / 0.889 ms
+# and 1.268 / 1.243 / 1.263 ms; a memset of the table alone takes 0.79 ms. Loading each
+# program's row ranges and first tokens up front took 0.98-1.02 / 1.38-1.41 ms, and was
+# removed (benchmarks/results/norm_kernels_explore_h200.json at 72d0f87)
 EMBED_ROWS = 16
-# load each program's row ranges and first tokens up front (moves loads, never an add); off
-# until measured: benchmarks/norm_kernels_explore.py times both
-EMBED_PREFETCH = False
 
 
 def embedding_forward(ids, table, eps, want_raw=True):
@@ -199,7 +197,6 @@ def embedding_backward(dy, d_raw, ids, table, rstd):
         HAS_DRAW=d_raw is not None,
         ROWS=EMBED_ROWS,
         BLOCK_H=bh,
-        PREFETCH=EMBED_PREFETCH,
         num_warps=_warps(bh),  # with BLOCK_H, the forward's row tree
     )
     return dtable

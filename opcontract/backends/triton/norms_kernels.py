@@ -124,39 +124,20 @@ def _embed_token_dx(t, x32, cols, mask, dy_ptr, draw_ptr, rstd_ptr, H,
 @triton.jit
 def _embed_bwd_kernel(dy_ptr, draw_ptr, order_ptr, ends_ptr, table_ptr, rstd_ptr, out_ptr, V, H,
                       stride_t, HAS_DRAW: tl.constexpr, ROWS: tl.constexpr,
-                      BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr = False):
+                      BLOCK_H: tl.constexpr):
     """dtable for ROWS table rows, whole rows: row v's tokens are order[ends[v-1]:ends[v]],
     ascending; their float32 gradients (_embed_token_dx) are summed from zero and rounded
-    once. A row without tokens is written as zeros, its table values never read.
-
-    PREFETCH loads the ROWS rows' token ranges and first tokens up front, as vectors, so
-    that a row's loads no longer wait on its range's: it moves loads, never an add."""
+    once. A row without tokens is written as zeros, its table values never read."""
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    if PREFETCH:
-        lanes = tl.arange(0, ROWS)
-        vs = tl.program_id(0).to(tl.int64) * ROWS + lanes
-        hi = tl.load(ends_ptr + vs, mask=vs < V, other=0)
-        lo = tl.load(ends_ptr + vs - 1, mask=(vs < V) & (vs > 0), other=0)
-        first = tl.load(order_ptr + lo, mask=(vs < V) & (hi > lo), other=0)
     for r in range(ROWS):
         v = tl.program_id(0).to(tl.int64) * ROWS + r
         if v < V:
             acc = tl.zeros((BLOCK_H,), tl.float32)
-            if PREFETCH:
-                start = tl.sum(tl.where(lanes == r, lo, 0), axis=0)
-                end = tl.sum(tl.where(lanes == r, hi, 0), axis=0)
-            else:
-                start = tl.load(ends_ptr + v - 1, mask=v > 0, other=0)
-                end = tl.load(ends_ptr + v)
+            start = tl.load(ends_ptr + v - 1, mask=v > 0, other=0)
+            end = tl.load(ends_ptr + v)
             used = mask & ((cols.to(tl.int64) * 0 + end) > start)
             x32 = tl.load(table_ptr + v * stride_t + cols, mask=used, other=0.0).to(tl.float32)
-            if PREFETCH:
-                if end > start:  # the first token, already at hand
-                    t = tl.sum(tl.where(lanes == r, first, 0), axis=0).to(tl.int64)
-                    acc += _embed_token_dx(t, x32, cols, mask, dy_ptr, draw_ptr, rstd_ptr, H,
-                                           HAS_DRAW)
-                start += 1
             for i in range(start, end):
                 t = tl.load(order_ptr + i).to(tl.int64)
                 acc += _embed_token_dx(t, x32, cols, mask, dy_ptr, draw_ptr, rstd_ptr, H,
