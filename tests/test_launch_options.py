@@ -141,3 +141,100 @@ def test_compiled_handle_launch_matches_the_jit():
                     assert torch.equal(got, want), (offset, n, c)
     assert len(launch_mod._COMPILED) >= 2 * 3 * 2  # alignments x size classes x constexprs
     assert launch_mod._DIRECT_OK  # this Triton's launcher took the direct call
+
+
+class _FakeCompiled:
+    """A compiled kernel's handle: records launches through its launcher (direct) and its
+    runner; ``accepts`` decides whether the launcher takes the direct call's arguments."""
+
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, log: list, accepts: bool = True) -> None:
+        self.log, self.accepts = log, accepts
+
+    def run(self, gx, gy, gz, stream, function, packed, metadata, enter, exit_, *values):
+        if not self.accepts:
+            raise TypeError("launcher takes other arguments")
+        self.log.append(("direct", (gx, gy, gz), stream, values))
+
+    def __getitem__(self, grid):
+        return lambda *values, stream: self.log.append(("runner", grid, stream, values))
+
+
+class _FakeKernel:
+    """A @triton.jit function as launch() sees it: fn (for the signature) and [grid](...)."""
+
+    def __init__(self, compiled: _FakeCompiled) -> None:
+        self.compiled = compiled
+
+        def fn(x_ptr, n, scale, BLOCK: "tl.constexpr", FLAG: "tl.constexpr" = 7):  # noqa: F821
+            pass
+
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def jit(*args, **meta):
+            self.compiled.log.append(("jit", grid, args, meta))
+            return self.compiled
+
+        return jit
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """launch()'s cache path on a CPU: a current device and stream, compiled kernels."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
+    monkeypatch.setattr(launch_mod, "_DIRECT_OK", True)
+    launch_mod.clear()
+    yield
+    launch_mod.clear()
+
+
+@pytest.mark.parametrize("accepts", [True, False])
+def test_repeat_launches_use_the_compiled_handle(fake_gpu, accepts):
+    """The first launch of a specialization goes through the JIT (with the pinned options);
+    the next ones call the launcher directly with every parameter in signature order
+    (defaults filled in), or through the runner where the launcher takes other arguments;
+    a new specialization (alignment, constexpr) goes through the JIT again."""
+    log: list = []
+    kernel = _FakeKernel(_FakeCompiled(log, accepts))
+    x = torch.zeros(64)
+    launch_mod.launch(kernel, (3,), x, 10, 0.5, BLOCK=4, num_warps=2)
+    assert log.pop() == (
+        "jit",
+        (3,),
+        (x, 10, 0.5),
+        {"enable_fp_fusion": True, "BLOCK": 4, "num_warps": 2},
+    )
+    launch_mod.launch(kernel, (5,), x, 10, 0.25, BLOCK=4, num_warps=2)
+    how, grid, stream, values = log.pop()
+    assert how == ("direct" if accepts else "runner")
+    assert grid == (5, 1, 1) and stream == 1234
+    assert values[:3] == (x, 10, 0.25) and values[3:] == (4, 7)  # BLOCK, FLAG's default
+    assert launch_mod._DIRECT_OK is accepts
+    launch_mod.launch(kernel, (5,), x[1:], 10, 0.25, BLOCK=4, num_warps=2)
+    assert log.pop()[0] == "jit"  # another alignment
+    launch_mod.launch(kernel, (5,), x, 10, 0.25, BLOCK=8, num_warps=2)
+    assert log.pop()[0] == "jit"  # another constexpr
+
+
+def test_launch_hooks_and_unhashable_arguments_take_the_safe_path(fake_gpu, monkeypatch):
+    """With a launch hook installed (a profiler) the runner launches, so the hook sees the
+    launch; an unhashable argument (a TensorDescriptor) always goes through the JIT; a
+    tensor passed by name is refused (it would be keyed by identity)."""
+    from triton import knobs
+
+    log: list = []
+    kernel = _FakeKernel(_FakeCompiled(log))
+    x = torch.zeros(64)
+    launch_mod.launch(kernel, (1,), x, 1, 1.0, BLOCK=4)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    launch_mod.launch(kernel, (1,), x, 1, 1.0, BLOCK=4)
+    assert log[-1][0] == "runner"
+    for _ in range(2):
+        launch_mod.launch(kernel, (1,), [x], 1, 1.0, BLOCK=4)
+        assert log[-1][0] == "jit"
+    with pytest.raises(TypeError, match="positionally"):
+        launch_mod.launch(kernel, (1,), x, 1, 1.0, BLOCK=4, FLAG=x)
