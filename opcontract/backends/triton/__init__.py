@@ -1,5 +1,6 @@
 """Triton backend. Kernels (``*_kernels.py``) hold no host logic; host wrappers own shapes,
-grids and allocation; ``register.py`` declares what each implementation does."""
+grids and allocation and launch through ``launch.py`` (pinned compile options, compiled-handle
+launches); ``register.py`` declares what each implementation does."""
 
 from __future__ import annotations
 
