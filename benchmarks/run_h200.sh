@@ -47,6 +47,8 @@ for s in "$@"; do
                 -p no:cacheprovider $workers ;;
         norms) stage norms 180 python3 benchmarks/norm_kernels_explore.py \
             --out "$OUT/norm_kernels_explore_h200.json" ;;
+        rms-decode) stage rms-decode 120 python3 benchmarks/rms_decode_explore.py \
+            --out "$OUT/rms_decode_explore_h200.json" ;;
         lm-backward) stage lm-backward 240 python3 benchmarks/lm_head_backward_explore.py \
             --out "$OUT/lm_head_backward_explore_h200.json" ;;
         memory) stage memory 300 python3 benchmarks/memory_bound_ops.py --rep-ms 100 \
