@@ -5,8 +5,9 @@ kernel against variants that keep its bits, and Liger's RMSNorm, replayed from C
 
 Variants: the reciprocal of the square root as PTX's correctly rounded reciprocal
 (``rcp.rn.f32``, the same value as the shipped ``div_rn(1, s)`` by IEEE 754), and the
-forward without its rstd store (what a call that needs no backward could run). Every
-provider is timed in ``--rounds`` interleaved rounds; the row keeps each round's median.
+forward without its rstd store (what a call that needs no backward could run); and the
+shipped kernel launched without its host wrapper. Every provider is timed in ``--rounds``
+interleaved rounds, each starting one provider later; the row keeps each round's median.
 """
 
 from __future__ import annotations
@@ -71,6 +72,22 @@ def _variant(x, w, centred, rcp, store):
     return y
 
 
+def _shipped(x, w, variant):
+    """The shipped kernel through Triton's JIT, without the host wrapper."""
+    from opcontract.backends.triton import norms_kernels as k
+
+    T = x.shape[0]
+    y = torch.empty_like(x)
+    rstd = torch.empty(T, dtype=torch.float32, device=x.device)
+    bh = host._block_h(H)
+    k._rms_fwd_kernel[(T,)](
+        x, x, w, y, y, rstd, H, x.stride(0), 1e-5, HAS_RES=False,
+        VARIANT=host._VARIANT[variant], BLOCK_H=bh, W_FIRST=True, num_warps=host._warps(bh),
+        **LAUNCH,
+    )  # fmt: skip
+    return y
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -98,6 +115,9 @@ def main() -> int:
                 shipped = host.forward(x, w, None, variant, 1e-5)[0]
                 fns = {
                     "shipped": lambda x=x, w=w, v=variant: host.forward(x, w, None, v, 1e-5),
+                    "shipped kernel, launched directly": lambda x=x, w=w, v=variant: _shipped(
+                        x, w, v
+                    ),
                     "same kernel, rcp.rn": lambda x=x, w=w, c=centred: _variant(
                         x, w, c, True, True
                     ),
@@ -111,9 +131,10 @@ def main() -> int:
                 if liger is not None:
                     fns["liger"] = lambda x=x, m=liger: m(x)
                 times = {name: [] for name in fns}
-                for _ in range(args.rounds):
-                    for name, fn in fns.items():
-                        times[name].append(bench_graph(fn, args.rep_ms) * 1e3)
+                names = list(fns)
+                for i in range(args.rounds):  # each round starts one provider later
+                    for name in names[i % len(names) :] + names[: i % len(names)]:
+                        times[name].append(bench_graph(fns[name], args.rep_ms) * 1e3)
                 for name, fn in fns.items():
                     out = fn()
                     out = out[0] if isinstance(out, tuple) else out
