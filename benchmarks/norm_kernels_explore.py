@@ -60,23 +60,11 @@ def _fwd(x, w, res, warps, w_first=True):
     T = x.shape[0]
     y, rout = torch.empty_like(x), torch.empty_like(x) if res is not None else None
     rstd = torch.empty(T, dtype=torch.float32, device=x.device)
-    k._rms_fwd_kernel[(T,)](
-        x,
-        res if res is not None else x,
-        w,
-        y,
-        rout if rout is not None else y,
-        rstd,
-        H,
-        x.stride(0),
-        1e-5,
-        HAS_RES=res is not None,
-        VARIANT=1,
-        W_FIRST=w_first,
-        BLOCK_H=host._block_h(H),
-        num_warps=warps,
-        **LAUNCH,
-    )
+    meta = dict(VARIANT=1, W_FIRST=w_first, BLOCK_H=host._block_h(H), num_warps=warps, **LAUNCH)
+    if res is None:
+        k._rms_fwd_kernel[(T,)](x, w, y, rstd, H, x.stride(0), 1e-5, **meta)
+    else:
+        k._add_rms_fwd_kernel[(T,)](x, res, w, y, rout, rstd, H, x.stride(0), 1e-5, **meta)
     return y, rstd
 
 

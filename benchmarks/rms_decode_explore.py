@@ -81,9 +81,8 @@ def _shipped(x, w, variant):
     rstd = torch.empty(T, dtype=torch.float32, device=x.device)
     bh = host._block_h(H)
     k._rms_fwd_kernel[(T,)](
-        x, x, w, y, y, rstd, H, x.stride(0), 1e-5, HAS_RES=False,
-        VARIANT=host._VARIANT[variant], BLOCK_H=bh, W_FIRST=True, num_warps=host._warps(bh),
-        **LAUNCH,
+        x, w, y, rstd, H, x.stride(0), 1e-5, VARIANT=host._VARIANT[variant], BLOCK_H=bh,
+        W_FIRST=True, num_warps=host._warps(bh), **LAUNCH,
     )  # fmt: skip
     return y
 

@@ -48,24 +48,19 @@ def forward(x, weight, residual, variant, eps):
     rstd = torch.empty(T, dtype=torch.float32, device=x.device)
     if T:
         bh = _block_h(H)
-        launch(
-            k._rms_fwd_kernel,
-            (T,),
-            x,
-            residual.contiguous() if residual is not None else x,
-            weight if weight is not None else x,
-            y,
-            rout if rout is not None else y,
-            rstd,
-            H,
-            x.stride(0),
-            float(eps),
-            HAS_RES=residual is not None,
+        w = weight if weight is not None else x
+        scalars = (H, x.stride(0), float(eps))
+        meta = dict(
             VARIANT=_VARIANT[variant],
             BLOCK_H=bh,
             W_FIRST=T <= W_FIRST_MAX_T,
             num_warps=_warps(bh),
         )
+        if residual is None:
+            launch(k._rms_fwd_kernel, (T,), x, w, y, rstd, *scalars, **meta)
+        else:
+            r = residual.contiguous()
+            launch(k._add_rms_fwd_kernel, (T,), x, r, w, y, rout, rstd, *scalars, **meta)
     return y, rout, rstd
 
 
