@@ -59,9 +59,23 @@ def _flush_at(k0, K, BLOCK_K: tl.constexpr, PROMOTE: tl.constexpr):
     return flush
 
 
-# Planes whose loads the CHUNK epilogue issues together. A plane past the last loads as +0,
-# and acc + 0 is acc (acc starts at +0, so it is never -0).
-SUM_UNROLL = tl.constexpr(8)
+SUM_UNROLL = tl.constexpr(8)  # planes whose loads the CHUNK epilogue issues together
+
+
+@triton.jit
+def _sum_planes(acc, base_ptr, offs, mask, n_planes, stride_plane, UNROLL: tl.constexpr,
+                CACHE: tl.constexpr):
+    """acc + plane_0 + plane_1 + ... at ``offs``, ascending, float32 (plane j at
+    ``base_ptr + j * stride_plane``): UNROLL planes' loads are issued ahead of their adds.
+    A plane past n_planes loads as +0, and acc + 0 is acc (acc starts at +0, so it is never
+    -0)."""
+    for j0 in range(0, n_planes, UNROLL):
+        for u in tl.static_range(UNROLL):
+            j = j0 + u
+            live = mask & ((offs * 0 + j) < n_planes)
+            acc += tl.load(base_ptr + j * stride_plane + offs, mask=live, other=0.0,
+                           cache_modifier=CACHE)
+    return acc
 
 
 @triton.jit
@@ -115,14 +129,8 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
         tl.debug_barrier()  # every thread's part of the plane is written before the count
         arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
         if arrived == tl.num_programs(1) - 1:
-            acc = fresh
-            n_chunks = tl.num_programs(1)
-            for j0 in range(0, n_chunks, SUM_UNROLL):
-                for u in tl.static_range(SUM_UNROLL):  # loads issued ahead, adds in order
-                    j = j0 + u
-                    live = c_mask & ((offs * 0 + j) < n_chunks)
-                    acc += tl.load(c_ptr + j * stride_cchunk + offs, mask=live, other=0.0,
-                                   cache_modifier=".cg")
+            acc = _sum_planes(fresh, c_ptr, offs, c_mask, tl.num_programs(1), stride_cchunk,
+                              SUM_UNROLL, ".cg")
             if BIAS:
                 acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
@@ -141,17 +149,11 @@ def _add_partials_kernel(parts_ptr, c_ptr, bias_ptr, total, N, n_chunks, stride_
     """c = ((0 + part_0) + part_1) + ... (+ bias), all float32, cast once: the sequential
     GEMM's epilogue over the planes that ``_gemm_kernel`` wrote with CHUNK > 0 and not
     FUSE_SUM (and, without bias, the RMSNorm backward's sum of its weight-gradient
-    partials). UNROLL
-    planes' loads are issued ahead of their adds; a plane past n_chunks loads as +0, and
-    acc + 0 is acc (acc starts at +0, so it is never -0)."""
+    partials), UNROLL planes' loads ahead of their adds (_sum_planes)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for j0 in range(0, n_chunks, UNROLL):
-        for u in tl.static_range(UNROLL):
-            j = j0 + u
-            live = ok & (offs * 0 + j < n_chunks)
-            acc += tl.load(parts_ptr + j * stride_chunk + offs, mask=live, other=0.0)
+    acc = _sum_planes(tl.zeros((BLOCK,), dtype=tl.float32), parts_ptr, offs, ok, n_chunks,
+                      stride_chunk, UNROLL, "")
     if BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
