@@ -82,9 +82,9 @@ def _kernels():
 def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
     gk = _kernels()
     interp = interpreting()
-    if config is None or not config.keys() >= CONFIG.keys():
-        config = {**CONFIG, **(INTERPRETER_CONFIG if interp else {}), **(config or {})}
     cfg = config
+    if cfg is None or not cfg.keys() >= CONFIG.keys():  # a complete config is taken as given
+        cfg = {**default_config(), **(cfg or {})}
     step = STEP_K[a.dtype]
     chunks = -(-K // K_BLOCK)
     parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES

@@ -15,6 +15,7 @@ signature binding. Under ``TRITON_INTERPRET=1`` every launch goes through the JI
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -69,11 +70,17 @@ def _tail(kernel, args: tuple, meta: dict) -> tuple:
     return tuple(meta[n] if n in meta else defaults[n] for n in names[len(args) :])
 
 
-def _no_hooks() -> bool:
-    """No launch hooks are installed (a profiler such as Proton installs them)."""
+@functools.cache
+def _runtime_knobs():
     from triton import knobs
 
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+    return knobs.runtime
+
+
+def _no_hooks() -> bool:
+    """No launch hooks are installed (a profiler such as Proton installs them)."""
+    runtime = _runtime_knobs()
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):  # a HookChain lists its calls
             return False
     return True
