@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_graph, env_stamp, write  # noqa: E402
 
 from opcontract import dispatch  # noqa: E402
-from opcontract.backends import gemm_op, norm_op, swiglu_op  # noqa: E402
-from opcontract.dispatch import _host_side  # noqa: E402
+from opcontract.dispatch import call_cache  # noqa: E402
+from opcontract.dispatch.shell import op_shell  # noqa: E402
 
 
 def per_call_us(fn, n: int) -> float:
@@ -50,7 +50,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from opcontract.backends.triton import dense_gemm as tg
-    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import rms_norm as tn
     from opcontract.backends.triton import swiglu as ts
 
     dev, dt = "cuda", torch.bfloat16
@@ -75,22 +75,30 @@ def main() -> int:
     layers = {
         "rms_norm": {
             "dispatch": lambda: rms(x, w, eps=1e-5),
-            "dispatch.host_side_only": lambda: _host_side(rms, (x, w), {"eps": 1e-5}),
-            "torch.library op": lambda: norm_op.rms_norm("triton", x, w, eps=1e-5),
-            "triton host wrapper": lambda: tn.forward(x, w, None, "plain", 1e-5),
+            "dispatch.host_side_only": lambda: call_cache.get(
+                call_cache.key(rms._route, (x, w), {"eps": 1e-5})
+            ),
+            "torch.library op": lambda: op_shell("rms_norm").call_forward(
+                {"x": x, "weight": w}, {"variant": "plain", "eps": 1e-5}, "triton", "strict", ""
+            ),
+            "triton host wrapper": lambda: tn.norm_forward(x, w, None, "plain", 1e-5),
             "eager": lambda: eager_norm(x, w),
             "torch.compile": lambda: cn(x, w),
         },
         "swiglu": {
             "dispatch": lambda: sw(g, u),
-            "torch.library op": lambda: swiglu_op.swiglu("triton", g, u),
+            "torch.library op": lambda: op_shell("swiglu").call_forward(
+                {"gate": g, "up": u}, {"layout": "separate"}, "triton", "strict", ""
+            ),
             "triton host wrapper": lambda: ts.forward(g, u),
             "eager": lambda: eager_swiglu(g, u),
             "torch.compile": lambda: cs(g, u),
         },
         "dense_gemm.o_proj": {
             "dispatch": lambda: gemm(xo, wo),
-            "torch.library op": lambda: gemm_op.dense_gemm("triton", xo, wo, config=cfg),
+            "torch.library op": lambda: op_shell("dense_gemm").call_forward(
+                {"x": xo, "weight": wo, "bias": None}, {}, "triton", "strict", ""
+            ),
             "triton host wrapper": lambda: tg.forward(xo, wo, None, cfg),
             "cublas": lambda: torch.nn.functional.linear(xo, wo),
         },

@@ -22,10 +22,10 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench, bench_graph, copy_gbps, env_stamp, write  # noqa: E402
 
-from opcontract.backends.torch.norms import DW_ROWS  # noqa: E402
+from opcontract.backends.torch.rms_norm import DW_ROWS  # noqa: E402
 from opcontract.backends.triton import LAUNCH  # noqa: E402
-from opcontract.backends.triton import norms as host  # noqa: E402
-from opcontract.backends.triton import norms_kernels as k  # noqa: E402
+from opcontract.backends.triton import rms_norm as host  # noqa: E402
+from opcontract.backends.triton import rms_norm_kernels as k  # noqa: E402
 
 H = 6656
 
@@ -126,13 +126,13 @@ def _backward_parts(rows, T, x, w, dy, rstd, gbps, rep_ms):
     loop_dw = torch.empty_like(dw)
     grid = (-(-H // 64),)
     _sum_partials_loop_kernel[grid](parts, loop_dw, n_parts, H, BLOCK=64, **LAUNCH)
-    whole = host.backward(dy, None, x, w, rstd, "centred")
+    whole = host.norm_backward(dy, None, x, w, rstd, "centred")
     same = bool(torch.equal(whole[0], dx) and torch.equal(whole[1], dw))
     _graph_row(
         rows,
         "backward.whole",
         T,
-        lambda: host.backward(dy, None, x, w, rstd, "centred"),
+        lambda: host.norm_backward(dy, None, x, w, rstd, "centred"),
         rep_ms,
         3 * T * H * e,
         gbps,

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_graph, env_stamp, write  # noqa: E402
 
 from opcontract.backends.triton import LAUNCH  # noqa: E402
-from opcontract.backends.triton import norms as host  # noqa: E402
+from opcontract.backends.triton import rms_norm as host  # noqa: E402
 
 H = 6656
 
@@ -74,7 +74,7 @@ def _variant(x, w, centred, rcp, store):
 
 def _shipped(x, w, variant):
     """The shipped kernel through Triton's JIT, without the host wrapper."""
-    from opcontract.backends.triton import norms_kernels as k
+    from opcontract.backends.triton import rms_norm_kernels as k
 
     T = x.shape[0]
     y = torch.empty_like(x)
@@ -111,9 +111,9 @@ def main() -> int:
             for T in (1, 64):
                 x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
                 variant = "centred" if centred else "plain"
-                shipped = host.forward(x, w, None, variant, 1e-5)[0]
+                shipped = host.norm_forward(x, w, None, variant, 1e-5)[0]
                 fns = {
-                    "shipped": lambda x=x, w=w, v=variant: host.forward(x, w, None, v, 1e-5),
+                    "shipped": lambda x=x, w=w, v=variant: host.norm_forward(x, w, None, v, 1e-5),
                     "shipped kernel, launched directly": lambda x=x, w=w, v=variant: _shipped(
                         x, w, v
                     ),

@@ -24,7 +24,7 @@ from common import bench, copy_gbps, env_stamp, matmul_tflops, peak_extra_bytes,
 
 from opcontract import dispatch  # noqa: E402
 from opcontract.backends.torch.softcap_logprob import reference  # noqa: E402
-from opcontract.backends.triton.softcap_logprob import softcap_logprob_forward  # noqa: E402
+from opcontract.backends.triton.softcap_logprob import explore_forward  # noqa: E402
 
 H, V = 6656, 202048
 MULT, CAP = 0.19611613513818404, 20.0
@@ -122,7 +122,7 @@ def explore(args) -> dict:
             key = (pinned.get("block_v"), cap)
             try:
                 fn = functools.partial(
-                    softcap_logprob_forward,
+                    explore_forward,
                     hh,
                     w,
                     tt,
@@ -179,8 +179,8 @@ def full(args) -> dict:
 
     providers = {
         "opcontract.dispatch": lambda hh, tt: slp(hh, w, tt, multiplier=MULT, softcap=CAP),
-        "opcontract.triton": lambda hh, tt: softcap_logprob_forward(
-            hh, w, tt, multiplier=MULT, softcap=CAP
+        "opcontract.triton": lambda hh, tt: explore_forward(
+            hh, w, tt, multiplier=MULT, softcap=CAP, _pinned={}
         ),
         "torch.eager": lambda hh, tt: eager(hh, w, tt),
     }

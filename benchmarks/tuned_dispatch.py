@@ -26,7 +26,7 @@ from opcontract import dispatch  # noqa: E402
 from opcontract.backends.registry import implementation  # noqa: E402
 from opcontract.contracts import get_contract  # noqa: E402
 from opcontract.dispatch.device import device_of  # noqa: E402
-from opcontract.tuning import db  # noqa: E402
+from opcontract.tables import db  # noqa: E402
 from opcontract.tuning.sweep import load_sweep, time_ms, workload  # noqa: E402
 from opcontract.tuning.verify import check, prepare  # noqa: E402
 

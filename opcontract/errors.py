@@ -1,4 +1,8 @@
-"""Exceptions raised by opcontract. Each message names the argument or contract field at fault."""
+"""Exceptions raised by opcontract. Each message names the argument or contract field at fault.
+
+The base class's ``__init__`` is called by name, not through ``super()``, so that
+torch.compile can raise these while it traces a call (it then reports them as they are).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ class ContractViolation(ValueError):
         self.op = op
         self.argument = argument
         self.field = field
-        super().__init__(
-            f"{op}: argument '{argument}' violates contract field '{field}': {message}"
+        ValueError.__init__(
+            self, f"{op}: argument '{argument}' violates contract field '{field}': {message}"
         )
 
 
@@ -21,15 +25,20 @@ class NoBackendError(RuntimeError):
     def __init__(self, op: str, rejected: dict[str, str], requested: str | None = None) -> None:
         self.op = op
         self.rejected = dict(rejected)
-        head = (
-            f"{op}: requested backend '{requested}' cannot serve this call"
-            if requested
-            else f"{op}: no implementation satisfies the contract for this call"
-        )
+        head = f"{op}: no implementation satisfies the contract for this call"
+        if requested:
+            own = [
+                f"{name}: {why}"
+                for name, why in rejected.items()
+                if requested in (name, name.split(".")[0])
+            ]
+            head = f"{op}: requested backend '{requested}' cannot serve this call"
+            if own:
+                head += ": " + "; ".join(own)
         lines = [f"  {name}: {reason}" for name, reason in rejected.items()] or [
             "  (none registered)"
         ]
-        super().__init__(head + "\n" + "\n".join(lines))
+        RuntimeError.__init__(self, head + "\n" + "\n".join(lines))
 
 
 class ContractFileError(ValueError):
@@ -37,4 +46,4 @@ class ContractFileError(ValueError):
 
     def __init__(self, problems: list[tuple[str, int, str]]) -> None:
         self.problems = problems
-        super().__init__("\n".join(f"{p}:{line}: {msg}" for p, line, msg in problems))
+        ValueError.__init__(self, "\n".join(f"{p}:{line}: {msg}" for p, line, msg in problems))

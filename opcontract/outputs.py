@@ -1,36 +1,12 @@
-"""Named results returned when an op's optional outputs are asked for."""
+"""Named results of the ops with several outputs, built from their contracts."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from opcontract.contracts.results import result_type
 
-import torch
+LogprobOutput = result_type("softcap_logprob")
+CrossEntropyOutput = result_type("linear_cross_entropy")
+AddNormOutput = result_type("fused_add_rms_norm")
+EmbeddingOutput = result_type("normalized_embedding")
 
-
-class LogprobOutput(NamedTuple):
-    """softcap_logprob with return_entropy / return_predicted: None for fields not asked for."""
-
-    logprob: torch.Tensor
-    entropy: torch.Tensor | None = None
-    predicted: torch.Tensor | None = None
-
-
-class CrossEntropyOutput(NamedTuple):
-    """linear_cross_entropy with return_token_accuracy=True."""
-
-    loss: torch.Tensor
-    token_accuracy: torch.Tensor | None = None
-
-
-class AddNormOutput(NamedTuple):
-    """fused_add_rms_norm: the normalised rows and the residual stream to keep."""
-
-    y: torch.Tensor
-    residual_out: torch.Tensor
-
-
-class EmbeddingOutput(NamedTuple):
-    """normalized_embedding with return_raw=True."""
-
-    y: torch.Tensor
-    raw: torch.Tensor | None = None
+__all__ = ["AddNormOutput", "CrossEntropyOutput", "EmbeddingOutput", "LogprobOutput"]

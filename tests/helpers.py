@@ -10,3 +10,10 @@ def head_inputs(T=6, H=96, V=600, dtype=torch.float32, seed=0, ignore=(1,)):
         if i < T:
             t[i] = -100
     return h, w, t
+
+
+def run_impl(impl, config, **kw):
+    """``impl`` with ``config`` forced, through dispatch (validated, differentiable)."""
+    from opcontract import dispatch
+
+    return dispatch.op(impl.op, backend=impl.name, config=config)(**kw)

@@ -11,7 +11,7 @@ from opcontract import ContractViolation, NoBackendError, dispatch
 from opcontract.backends import registry
 from opcontract.dispatch import call_cache
 from opcontract.dispatch.device import simulate
-from opcontract.tuning import db
+from opcontract.tables import db
 
 
 @pytest.fixture(autouse=True)
@@ -130,4 +130,4 @@ def test_simulated_calls_bypass_the_memo():
     with simulate((9, 0)):
         r = dispatch.explain("softcap_logprob", h, w, t)
     assert r.device.startswith("simulated GPU")
-    assert call_cache.key("x", None, "strict", (object(),), {}) is None
+    assert call_cache.key(("x", None, "strict", ""), (object(),), {}) is None

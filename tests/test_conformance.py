@@ -7,7 +7,6 @@ import torch
 
 from opcontract.backends import registry
 from opcontract.backends.registry import CallInfo, implementations, rejection
-from opcontract.backends.torch.softcap_logprob import strict_forward
 from opcontract.conformance import (
     CHECKS,
     check_accuracy,
@@ -55,19 +54,15 @@ def test_negative_control_accuracy_catches_bf16_logits():
     assert not result.ok and result.value > 10 * c.tolerance["bfloat16"]
 
 
-def _batch_dependent(hidden, weight, targets, **kw):
-    # a perturbation that depends on the batch size: bits move with T
-    out = strict_forward(hidden, weight, targets, **kw)
-    lp = out.logprob + (hidden.shape[0] % 3) * 1e-6 * out.logprob
-    return out._replace(logprob=lp)
-
-
 def test_negative_control_batch_check_names_first_drift(monkeypatch):
     c = load_all()["softcap_logprob"]
     impl = registry._REGISTRY["torch.strict"]
-    fake = dataclasses.replace(
-        impl, name="torch.fake", run=lambda config, **kw: _batch_dependent(**kw)
-    )
+
+    def batch_dependent(config, hidden, **kw):  # a perturbation whose bits move with T
+        lp, *rest = impl.forward(config, hidden, **kw)
+        return (lp + (hidden.shape[0] % 3) * 1e-6 * lp, *rest)
+
+    fake = dataclasses.replace(impl, name="torch.fake", forward=batch_dependent)
     monkeypatch.setitem(registry._REGISTRY, "torch.fake", fake)
     result = check_batch_invariance(runner_for(fake), c, c.conformance.cases[0], "float32")
     assert not result.ok

@@ -14,7 +14,7 @@ from opcontract.backends.cute import missing_library
 from opcontract.contracts import get_contract
 from opcontract.dispatch.device import simulate
 from opcontract.dispatch.select import call_info
-from opcontract.dispatch.validate import bind
+from opcontract.dispatch.validate import bind, signature
 
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 MUSE_NK = [(8704, 6656), (6656, 4096), (39936, 6656), (6656, 19968)]
@@ -30,7 +30,7 @@ def _impl():
 
 
 def _call(dtype=torch.bfloat16):
-    return call_info(bind(get_contract("dense_gemm"), tuple(_xwb(dtype=dtype)), {}))
+    return call_info(bind(signature("dense_gemm"), tuple(_xwb(dtype=dtype)), {}))
 
 
 def test_registered_without_importing_cutlass():

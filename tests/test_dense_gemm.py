@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import run_impl
 
 from opcontract import ContractViolation, NoBackendError, dispatch
 from opcontract.dispatch.device import simulate
@@ -112,7 +113,7 @@ def test_parallel_partials_keep_the_bits(dtype, K, fuse, monkeypatch):
     outs = []
     for parallel in (False, True):
         x, w, b = (t.clone().requires_grad_(True) for t in (x0, w0, b0))
-        y = impl.run({**base, "parallel_partials": parallel}, x=x, weight=w, bias=b)
+        y = run_impl(impl, {**base, "parallel_partials": parallel}, x=x, weight=w, bias=b)
         y.backward(dy)
         outs.append((y.detach(), x.grad, w.grad, b.grad))
     for name, a, b in zip(("y", "dx", "dw", "db"), *outs, strict=True):

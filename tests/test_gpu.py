@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import run_impl
 
 from opcontract import dispatch
 from opcontract.backends.registry import implementations
@@ -55,8 +56,8 @@ def test_parallel_partials_bitwise_on_muse_shapes(N, K):
     for M in (1, 3, 16):
         x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
         for cfg in ({"block_m": 16, "block_n": 64, "num_warps": 4}, {}):
-            seq = impl.run({**base, **cfg}, x=x, weight=w, bias=b)
-            par = impl.run({**base, **cfg, "parallel_partials": True}, x=x, weight=w, bias=b)
+            seq = run_impl(impl, {**base, **cfg}, x=x, weight=w, bias=b)
+            par = run_impl(impl, {**base, **cfg, "parallel_partials": True}, x=x, weight=w, bias=b)
             assert torch.equal(seq, par), (M, cfg)
 
 
@@ -74,19 +75,19 @@ def test_parallel_partials_counters_and_graph_replay():
     g = torch.Generator(device="cuda").manual_seed(1)
     w = (torch.randn(6656, 4096, device="cuda", generator=g) / 64).bfloat16()
     x = torch.randn(3, 4096, device="cuda", generator=g).bfloat16()
-    want = impl.run({**cfg, "parallel_partials": False}, x=x, weight=w, bias=None)
-    outs = [impl.run(cfg, x=x, weight=w, bias=None) for _ in range(50)]
+    want = run_impl(impl, {**cfg, "parallel_partials": False}, x=x, weight=w, bias=None)
+    outs = [run_impl(impl, cfg, x=x, weight=w, bias=None) for _ in range(50)]
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        outs.append(impl.run(cfg, x=x, weight=w, bias=None))
+        outs.append(run_impl(impl, cfg, x=x, weight=w, bias=None))
     torch.cuda.synchronize()
     assert all(torch.equal(o, want) for o in outs)
     assert len(tdg._ARRIVALS) >= 2 and not any(b.any() for b in tdg._ARRIVALS.values())
     static_x = x.clone()
-    impl.run(cfg, x=static_x, weight=w, bias=None)  # compile before capture
+    run_impl(impl, cfg, x=static_x, weight=w, bias=None)  # compile before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_y = impl.run(cfg, x=static_x, weight=w, bias=None)
+        static_y = run_impl(impl, cfg, x=static_x, weight=w, bias=None)
     for _ in range(3):
         static_y.zero_()
         graph.replay()
@@ -132,7 +133,7 @@ def test_embedding_backward_is_captured_in_a_cuda_graph(V, T):
     """No host sync in the Triton embedding backward: its step captures and replays, and
     the replay gives the eager bits (also at Muse Glimmer's vocabulary and a training T,
     where the sort takes its multi-pass path)."""
-    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import normalized_embedding as tn
 
     g = torch.Generator(device="cuda").manual_seed(4)
     table = torch.randn(V, 6656, device="cuda", generator=g).bfloat16()

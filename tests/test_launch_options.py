@@ -68,7 +68,7 @@ def test_launch_passes_the_pinned_options(monkeypatch):
 
 
 def test_plan_reads_names_constexprs_and_defaults():
-    from opcontract.backends.triton import gemm_kernels as gk
+    from opcontract.backends.triton import dense_gemm_kernels as gk
 
     names, name_set, constexpr, defaults = launch_mod._plan(gk._add_partials_kernel)
     assert names[:3] == ("parts_ptr", "c_ptr", "bias_ptr")

@@ -147,7 +147,7 @@ def _embedding_grad_oracle(dy, d_raw, ids, table):
 def test_triton_sum_partials_adds_in_ascending_order(n_parts):
     """The weight gradient's partials: exactly (((0 + p0) + p1) + ...) in float32, for counts
     below, at and past the unrolled group of loads (its masked tail adds nothing)."""
-    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import rms_norm as tn
 
     g = torch.Generator().manual_seed(n_parts)
     H = 100  # two column blocks, the second partial
@@ -170,7 +170,7 @@ def test_triton_embedding_backward_is_exact_enough_deterministic_and_syncless(
     """The table pass sums every row's tokens in ascending order, whole rows at a time:
     close to float64, equal run to run, zeros for unused rows, and no host sync (nothing in
     it reads a tensor's value on the host, so a CUDA graph can capture it)."""
-    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import normalized_embedding as te
 
     g = torch.Generator().manual_seed(5)
     V, H, T = 9, 72, 13
@@ -178,7 +178,7 @@ def test_triton_embedding_backward_is_exact_enough_deterministic_and_syncless(
     ids = torch.tensor([4, 0, 4, 8, 4, 1, 0, 4, 8, 8, 0, 4, 1], device=DEVICE)  # 2,3,5,6,7 unused
     dy, d_raw = torch.randn(T, H, generator=g), torch.randn(T, H, generator=g)
     dy, d_raw = dy.to(DEVICE), d_raw.to(DEVICE) if with_raw else None
-    y, raw, rstd = tn.embedding_forward(ids, table, 1e-5, True)
+    y, raw, rstd = te.embedding_forward(ids, table, 1e-5, True)
 
     def no_sync(*a, **k):
         raise AssertionError("host sync in the embedding backward")
@@ -187,8 +187,8 @@ def test_triton_embedding_backward_is_exact_enough_deterministic_and_syncless(
         for name in ("item", "tolist", "nonzero", "__bool__"):
             m.setattr(torch.Tensor, name, no_sync)
         m.setattr(torch, "unique_consecutive", no_sync)
-        first = tn.embedding_backward(dy, d_raw, ids, table, rstd)
-        again = tn.embedding_backward(dy, d_raw, ids, table, rstd)
+        first = te.embedding_backward(dy, d_raw, ids, table, rstd)
+        again = te.embedding_backward(dy, d_raw, ids, table, rstd)
     assert torch.equal(first, again)
     assert torch.equal(first[[2, 3, 5, 6, 7]], torch.zeros(5, H, device=DEVICE))
     ref = _embedding_grad_oracle(dy, d_raw, ids, table)
@@ -200,20 +200,20 @@ def test_triton_embedding_backward_adds_tokens_in_ascending_order(with_raw):
     """A row used by many tokens gets exactly the float32 left-to-right sum of its tokens'
     gradients, each computed alone (the same kernel on one-token calls). (The torch
     backend's float32 token gradients are not bitwise the kernel's, so they can't serve.)"""
-    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import normalized_embedding as te
 
     g = torch.Generator().manual_seed(6)
     table = torch.randn(3, 40, generator=g).to(DEVICE)
     ids = torch.tensor([1, 2, 1, 1, 0, 1, 1], device=DEVICE)
     dy = (torch.randn(7, 40, generator=g) * torch.logspace(-3, 3, 7).unsqueeze(1)).to(DEVICE)
     d_raw = torch.randn(7, 40, generator=g).to(DEVICE) if with_raw else None
-    _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
-    total = tn.embedding_backward(dy, d_raw, ids, table, rstd)
+    _, _, rstd = te.embedding_forward(ids, table, 1e-5, False)
+    total = te.embedding_backward(dy, d_raw, ids, table, rstd)
     acc = torch.zeros(40, device=DEVICE)
     for t in (0, 2, 3, 5, 6):  # row 1's tokens, ascending
         one = slice(t, t + 1)
         draw = d_raw[one] if with_raw else None
-        alone = tn.embedding_backward(dy[one], draw, ids[one], table, rstd[one])
+        alone = te.embedding_backward(dy[one], draw, ids[one], table, rstd[one])
         acc = acc + alone[1]
     assert torch.equal(total[1], acc)
 
@@ -223,7 +223,7 @@ def test_triton_embedding_rows_per_program_keep_the_bits(with_raw, monkeypatch):
     """How many table rows a program writes moves no add: the same bits with rows of 0, 1
     and several tokens, the first and last rows, and a last program that is only partly
     inside the table."""
-    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import normalized_embedding as te
 
     g = torch.Generator().manual_seed(8)
     V, H = 37, 40
@@ -231,11 +231,11 @@ def test_triton_embedding_rows_per_program_keep_the_bits(with_raw, monkeypatch):
     ids = torch.tensor([0, 36, 5, 5, 17, 0, 5, 36, 20, 21, 22], device=DEVICE)
     dy = torch.randn(len(ids), H, generator=g).to(DEVICE)
     d_raw = torch.randn(len(ids), H, generator=g).to(DEVICE) if with_raw else None
-    _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
+    _, _, rstd = te.embedding_forward(ids, table, 1e-5, False)
     out = {}
     for rows in (1, 8):  # 37 programs, or 5 with the last one 5 rows long
-        monkeypatch.setattr(tn, "EMBED_ROWS", rows)
-        out[rows] = tn.embedding_backward(dy, d_raw, ids, table, rstd)
+        monkeypatch.setattr(te, "EMBED_ROWS", rows)
+        out[rows] = te.embedding_backward(dy, d_raw, ids, table, rstd)
     assert torch.equal(out[1], out[8])
 
 
@@ -281,7 +281,7 @@ def test_triton_embedding_grad_through_the_op_writes_every_row(dtype, monkeypatc
 def test_triton_embedding_backward_never_syncs_the_host():
     """torch's sync debug mode turns any host synchronisation in the backward into an error
     (the kernels are compiled by a first call outside it)."""
-    from opcontract.backends.triton import norms as tn
+    from opcontract.backends.triton import normalized_embedding as te
 
     g = torch.Generator(device="cuda").manual_seed(8)
     V, H, T = 3000, 1536, 700
@@ -289,13 +289,13 @@ def test_triton_embedding_backward_never_syncs_the_host():
     ids = torch.randint(0, V, (T,), device="cuda", generator=g)
     dy = torch.randn(T, H, device="cuda", generator=g).bfloat16()
     d_raw = torch.randn(T, H, device="cuda", generator=g).bfloat16()
-    _, _, rstd = tn.embedding_forward(ids, table, 1e-5, False)
+    _, _, rstd = te.embedding_forward(ids, table, 1e-5, False)
     for draw in (None, d_raw):
-        eager = tn.embedding_backward(dy, draw, ids, table, rstd)
+        eager = te.embedding_backward(dy, draw, ids, table, rstd)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = tn.embedding_backward(dy, draw, ids, table, rstd)
+            out = te.embedding_backward(dy, draw, ids, table, rstd)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert torch.equal(out, eager)

@@ -13,8 +13,8 @@ from opcontract import dispatch
 from opcontract.backends.registry import implementation
 from opcontract.contracts import get_contract
 from opcontract.dispatch.device import DeviceInfo
-from opcontract.tuning import TuningDB, bucket_of, search_space, verify_config
-from opcontract.tuning.db import make_entry, write_entry
+from opcontract.tables.db import TuningDB, bucket_of, make_entry, write_entry
+from opcontract.tuning import search_space, verify_config
 
 CPU = DeviceInfo("cpu")
 
@@ -38,20 +38,23 @@ def test_schedules_verify_bitwise_under_the_interpreter():
     assert verdict.ok, verdict.detail
 
 
-def test_a_config_that_moves_bits_is_rejected_and_named():
+def test_a_config_that_moves_bits_is_rejected_and_named(monkeypatch):
+    from opcontract.backends import registry
+
     impl = implementation("torch.strict")
 
-    def run(config, **kw):  # "split" 2 perturbs the result: an order-determining parameter
-        out = impl.run({}, **kw)
-        return out._replace(logprob=out.logprob * (1 + 1e-6 * (config.get("split", 1) - 1)))
+    def forward(config, **kw):  # "split" 2 perturbs the result: an order-determining parameter
+        lp, *rest = impl.forward({}, **kw)
+        return (lp * (1 + 1e-6 * (config.get("split", 1) - 1)), *rest)
 
     fake = dataclasses.replace(
         impl,
         name="torch.fake_split",
-        run=run,
+        forward=forward,
         config_space={"split": (1, 2), "tile": (8, 16)},
         default_config=lambda call: {"split": 1, "tile": 8},
     )
+    monkeypatch.setitem(registry._REGISTRY, fake.name, fake)
     c = get_contract("softcap_logprob")
     sizes = {"T": 4, "H": 32, "V": 200}
     assert verify_config(fake, c, "float32", sizes, {"tile": 16}).ok
@@ -69,49 +72,39 @@ def _entry(**kw):
         shape="H=96,V=600",
         bucket=8,
         config={"group_t": 4},
-        contract_sha256=c.sha256,
+        numerics_sha256=c.numerics_sha256,
         median_ms=1.0,
     )
     base.update(kw)
     return make_entry(**base)
 
 
-def test_table_round_trip_and_mismatches(tmp_path):
+def _key(bucket=8, shape="H=96,V=600", numerics=None):
     c = get_contract("softcap_logprob")
+    impl = implementation("triton.fused")
+    return (CPU, "softcap_logprob", impl, "float32", shape, bucket, numerics or c.numerics_sha256)
+
+
+def test_table_round_trip_and_mismatches(tmp_path):
     table = tmp_path / "t.json"
     write_entry(table, _entry())
     write_entry(table, _entry(config={"group_t": 16}))  # replaces the same key
     db = TuningDB([table])
-    e = db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, c.sha256)
+    e = db.lookup(*_key())
     assert e.config == {"group_t": 16} and len(db.entries) == 1
-    assert (
-        db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 16, c.sha256)
-        is None
-    )
-    assert (
-        db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=601", 8, c.sha256)
-        is None
-    )
-    with pytest.warns(UserWarning, match="another version of the softcap_logprob contract"):
-        assert (
-            db.lookup(CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, "0" * 64)
-            is None
-        )
+    assert db.lookup(*_key(bucket=16)) is None
+    assert db.lookup(*_key(shape="H=96,V=601")) is None
+    with pytest.warns(UserWarning, match="other numerics of the softcap_logprob contract"):
+        assert db.lookup(*_key(numerics="0" * 64)) is None
     stale = _entry()
     stale["stamp"]["torch"] = "0.0.1"
     write_entry(tmp_path / "stale.json", stale)
     with pytest.warns(UserWarning, match="other versions"):
-        assert (
-            TuningDB([tmp_path / "stale.json"]).lookup(
-                CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, c.sha256
-            )
-            is None
-        )
+        assert TuningDB([tmp_path / "stale.json"]).lookup(*_key()) is None
 
 
 def test_an_entry_matches_only_its_own_compilers_versions(tmp_path):
-    c = get_contract("softcap_logprob")
-    key = (CPU, "softcap_logprob", "triton.fused", "float32", "H=96,V=600", 8, c.sha256)
+    key = _key()
     other = _entry()  # made where another CUTLASS DSL (or none) was installed
     other["stamp"]["cutlass_dsl"] = "0.0.1"
     write_entry(tmp_path / "t.json", other)
@@ -332,7 +325,7 @@ def test_fastest_tuned_implementation_serves(tmp_path, monkeypatch):
     assert r.implementation == "triton.twin" and r.config["group_t"] == 1
     assert "triton.twin" in r.tuning_entry
     write_entry(table, _entry(median_ms=1.0))
-    from opcontract.tuning import db
+    from opcontract.tables import db
 
     db.reload()  # read the table again
     assert dispatch.explain("softcap_logprob", h, w, t, backend="triton").implementation == (
@@ -458,12 +451,14 @@ def test_only_implementations_with_equal_bits_share_a_calls_table(
 
     gemm = implementation("triton.gemm")
 
-    def run(config, **kw):
-        y = gemm.run(config, **kw)
-        return y if equal else y * (1 + 2**-7)  # another rounding: other bits
+    def forward(config, **kw):
+        (y,) = gemm.forward(config, **kw)
+        return (y if equal else y * (1 + 2**-7),)  # another rounding: other bits
 
     monkeypatch.setitem(
-        registry._REGISTRY, "triton.twin", dataclasses.replace(gemm, name="triton.twin", run=run)
+        registry._REGISTRY,
+        "triton.twin",
+        dataclasses.replace(gemm, name="triton.twin", forward=forward),
     )
     sweep = _gemm_sweep(tmp_path / "two.yaml", "two", ("triton.gemm", "triton.twin"), "[32]")
     table = tmp_path / "t.json"
@@ -554,3 +549,50 @@ ops:
     bad = tmp_path / "bad.yaml"
     bad.write_text(sweep.read_text().replace("timing: graph", "timing: sometimes"))
     assert main(["sweep", str(bad), "--table", str(table), "--no-progress"]) == 1
+
+
+@pytest.mark.parametrize(
+    "config, median, needle",
+    [
+        ({"block_k": 64}, 1.0, "'block_k' is not a free parameter of triton.fused"),
+        ({"block_v": 256}, 1.0, "'block_v' is not a free parameter"),
+        ({"promote": 0}, 1.0, "'promote' is not a free parameter"),
+        ({"colour": "red"}, 1.0, "'colour' is not a free parameter"),
+        ({"num_warps": 3}, 1.0, "num_warps=3 is not among triton.fused's declared values"),
+        ({"num_warps": "4"}, 1.0, "num_warps='4' is not among"),
+        ({"num_warps": 4.0}, 1.0, "num_warps=4.0 is not among"),
+        ({"programs_per_sm": True}, 1.0, "programs_per_sm=True is not among"),
+        ({"schedule": "warp_drive"}, 1.0, "schedule='warp_drive' is not among"),
+        ({"group_t": 4}, "fast", "median_ms 'fast' is not a finite number"),
+        ({"group_t": 4}, float("nan"), "median_ms nan is not a finite number"),
+        ({"group_t": 4}, None, "median_ms None is not a finite number"),
+        ([["group_t", 4]], 1.0, "is not a mapping"),
+    ],
+)
+def test_an_entry_outside_the_declared_space_is_ignored_with_one_warning(
+    tmp_path, monkeypatch, config, median, needle
+):
+    """Dispatch and `opcontract-tune verify` reject it on one code path (entry_problem)."""
+    from opcontract.cli.tune import main
+    from opcontract.tables import db as tables
+
+    table = tmp_path / "bad.json"
+    write_entry(table, {**_entry(bucket=8), "config": config, "median_ms": median})
+    h, w, t = head_inputs(T=6)
+    default = dispatch.explain("softcap_logprob", h, w, t, backend="triton").config
+    monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
+    tables._warned.clear()
+    with pytest.warns(UserWarning) as caught:
+        r = dispatch.explain("softcap_logprob", h, w, t, backend="triton")
+        dispatch.explain("softcap_logprob", h, w, t, backend="triton")  # warned once
+    msgs = [str(x.message) for x in caught if "tuning entry" in str(x.message)]
+    assert len(msgs) == 1 and needle in msgs[0] and str(table) in msgs[0]
+    assert r.tuning_entry is None and r.config == default
+    monkeypatch.delenv("OPCONTRACT_TUNING_PATH")
+    assert main(["verify", "--table", str(table), "--device", "cpu", "--no-progress"]) == 1
+
+
+def test_a_forced_config_outside_the_declared_space_is_an_error():
+    h, w, t = head_inputs(T=6)
+    with pytest.raises(ValueError, match="'block_v' is not a free parameter"):
+        dispatch.op("softcap_logprob", backend="triton", config={"block_v": 64})(h, w, t)

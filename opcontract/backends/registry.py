@@ -37,22 +37,35 @@ class CallInfo:
     params: Mapping[str, Any]
 
 
+LAYOUTS = ("any", "rows", "contiguous")
+"""What an implementation needs of a tensor's strides. any: every stride, offset and
+expanded (stride-0) view; rows: unit stride along the last dim and no stride-0 dim;
+contiguous: row-major. The op shell copies a tensor that falls short (explain says so)."""
+
+
 @dataclass(frozen=True)
 class Implementation:
     """One implementation of one op, with everything it promises about its numerics.
 
-    ``run(config, **inputs, **params)`` computes the op. ``config`` is a dict over
-    ``config_space``; ``default_config(call)`` gives the canonical config for a call.
+    ``forward(config, **inputs, **params)`` returns the contract's outputs then its
+    residuals, in contract order (None for an output not asked for). ``backward(config,
+    saved, grads, needs, **params)`` gets the tensors the contract's ``backward.saves``
+    names, the upstream gradients of the differentiable outputs (None where there is none)
+    and which inputs need a gradient; it returns {input: gradient or None}. ``config`` is a
+    dict over ``config_space``; ``default_config(call)`` gives the canonical config.
+    ``layout`` maps input (and, in the backward, output) names, or "*", to a LAYOUTS entry.
     """
 
     op: str
     backend: str
     name: str
-    run: Callable[..., Any]
+    forward: Callable[..., Any]
     devices: tuple[str, ...]
     dtypes: tuple[str, ...]
     plan: Mapping[str, ReductionPlan]
     invariances: tuple[str, ...]
+    backward: Callable[..., Any] | None = None
+    layout: Mapping[str, str] = field(default_factory=dict)
     grad_invariances: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     features: tuple[str, ...] = ()
     capability: tuple[tuple[int, int], tuple[int, int]] | None = None
@@ -70,6 +83,12 @@ class Implementation:
             raise ValueError(
                 f"{self.name}: backend must be one of {BACKENDS}, got {self.backend!r}"
             )
+        bad = {k: v for k, v in self.layout.items() if v not in LAYOUTS}
+        if bad:
+            raise ValueError(f"{self.name}: layout values must be among {LAYOUTS}, got {bad}")
+
+    def layout_of(self, name: str) -> str:
+        return self.layout.get(name, self.layout.get("*", "any"))
 
 
 class _Registry(dict):
@@ -161,6 +180,8 @@ def declaration_problems(impl: Implementation, contract: Contract) -> list[str]:
     for inv in contract.invariance:
         if inv not in impl.invariances:
             out.append(f"does not guarantee '{inv}' invariance")
+    if contract.grads and impl.backward is None:
+        out.append("has no backward")
     for name, invs in contract.grads.items():
         if name not in impl.grad_invariances:
             out.append(f"has no gradient for '{name}'")

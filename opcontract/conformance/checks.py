@@ -302,6 +302,203 @@ def check_grad_batch_invariance(
     return CheckResult("grad_batch", True, f"{names}: alone, permuted, padded, prefix: equal")
 
 
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same values bit for bit (NaN payloads included), whatever the layouts."""
+    return a.shape == b.shape and (a.numel() == 0 or torch.equal(_flat_bytes(a), _flat_bytes(b)))
+
+
+def _snapshot(inputs: dict) -> dict:
+    return {k: v.clone() for k, v in inputs.items() if v is not None}
+
+
+def _unchanged(before: dict, inputs: dict) -> str | None:
+    """None if every input holds the bytes it held before the call."""
+    for k, v in before.items():
+        if not same_bytes(v, inputs[k]):
+            return f"input '{k}' was modified by the call"
+    return None
+
+
+def check_layout(
+    run: Runner,
+    contract: Contract,
+    case: ConformanceCase,
+    dtype: str,
+    seed: int = 0,
+    device: str = "cpu",
+) -> CheckResult:
+    """Every input as a transposed, sliced (every other element of a wider buffer), offset and
+    expanded (stride-0) view, with NaN (an index input: its largest valid value) planted in
+    the gaps, gives the bits of the same values laid out contiguously; no input is modified."""
+    inputs, params = _case(contract, case, dtype, seed, device)
+    done = []
+    for name, t in inputs.items():
+        if t is None or t.numel() == 0:
+            continue
+        for kind, view in strided_views(t, gap_value(contract, name, case, t)):
+            args = {**inputs, name: view}
+            before = _snapshot(args)
+            got = outputs(run(**args, **params))
+            bad = _unchanged(before, args)
+            if bad:
+                return CheckResult("layout", False, f"{name} {kind}: {bad}")
+            dense = {**inputs, name: view.contiguous()}
+            bad = _equal(got, outputs(run(**dense, **params)), f"'{name}' as a {kind} view")
+            if bad:
+                return CheckResult("layout", False, bad)
+            done.append(f"{name} {kind}")
+    return CheckResult("layout", True, "equal to contiguous: " + ", ".join(done))
+
+
+def gap_value(contract: Contract, name: str, case: ConformanceCase, t: torch.Tensor):
+    """What fills the gaps of a strided view: NaN, or an index input's largest valid value."""
+    if t.is_floating_point():
+        return float("nan")
+    spec = contract.inputs[name].values
+    if spec is None:
+        return 0
+    hi = spec.range[1]
+    return (case.sizes[hi] if isinstance(hi, str) else hi) - 1
+
+
+def strided_views(t: torch.Tensor, fill) -> list[tuple[str, torch.Tensor]]:
+    """Views holding t's values (the expanded one: its first row's) in other layouts, their
+    gaps filled with ``fill``."""
+    out = []
+    if t.dim() >= 2:
+        out.append(("transposed", t.transpose(-1, -2).contiguous().transpose(-1, -2)))
+    wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), fill, dtype=t.dtype, device=t.device)
+    wide[..., ::2] = t
+    out.append(("sliced", wide[..., ::2]))
+    flat = torch.full((t.numel() + 3,), fill, dtype=t.dtype, device=t.device)
+    flat[3:] = t.reshape(-1)
+    out.append(("offset", flat[3:].view(t.shape)))
+    if t.shape[0] > 1:
+        out.append(("expanded", t[:1].expand(t.shape)))
+    return out
+
+
+def plant(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """NaN, +inf and -inf in one element each of ``rows`` (cycling through them)."""
+    t = t.clone()
+    for i, r in enumerate(rows):
+        if r < t.shape[0]:
+            t[r].view(-1)[(7 * i + 1) % t[r].numel()] = (float("nan"), float("inf"), -float("inf"))[
+                i % 3
+            ]
+    return t
+
+
+def nonfinite_rows(refs: dict, n: int) -> torch.Tensor | None:
+    """The batch rows where a float output of the oracle is non-finite ([n] bool); with no
+    batched float output, one flag for the whole call; None when nothing is non-finite."""
+    floats = [r.cpu() for r in refs.values() if r.is_floating_point()]
+    rows = [r for r in floats if r.dim() and r.shape[0] == n]
+    if rows:
+        bad = torch.zeros(n, dtype=torch.bool)
+        for r in rows:
+            bad |= ~torch.isfinite(r).reshape(n, -1).all(dim=1) if r.numel() else bad
+        return bad
+    if any(not torch.isfinite(r).all() for r in floats):
+        return torch.ones(1, dtype=torch.bool)
+    return None
+
+
+def nonfinite_problem(
+    contract: Contract, name: str, out, ref, tol: float, bad_rows, floor: float = 0.0
+) -> str | None:
+    """``out`` against the float64 oracle ``ref`` under the contract's nonfinite rule.
+    ``bad_rows``: ``nonfinite_rows`` of the oracle's outputs. The finite elements' error is
+    relative to ||ref||, or to ``floor`` where that is larger (an oracle that cancels to
+    ~1e-17 where the exact value is 0 has no relative error to speak of)."""
+    nf = contract.nonfinite
+    out, ref = out.cpu(), ref.cpu()
+    if bad_rows is not None and bad_rows.any() and name in nf.unspecified:
+        if out.dim() == 0 or bad_rows.shape[0] != out.shape[0]:
+            return None  # one value for the whole call, or no row to tell apart
+        out, ref = out[~bad_rows], ref[~bad_rows]
+    if not ref.is_floating_point():
+        return None if torch.equal(out, ref) else drift(out, ref, name)
+    o, r = out.double(), ref.double()
+    if (torch.isnan(r) & ~torch.isnan(o)).any():
+        return f"{name}: not NaN where the float64 math gives NaN"
+    inf = torch.isinf(r)
+    ok = (o == r) | (torch.isnan(o) if name in nf.inf_as_nan else torch.zeros_like(inf))
+    if (inf & ~ok).any():
+        return f"{name}: not the float64 math's infinity where it gives one"
+    fin = torch.isfinite(r)
+    if (fin & ~torch.isfinite(o)).any():
+        return f"{name}: non-finite where the float64 math is finite"
+    if fin.any():
+        scale = max(r[fin].norm().item(), floor)
+        err = (
+            (o[fin] - r[fin]).norm().item() / scale
+            if scale > 0
+            else (o[fin] - r[fin]).norm().item()
+        )
+        if not err <= tol:
+            return f"{name}: rel. error {err:.3g} over the finite elements (tolerance {tol:g})"
+    return None
+
+
+def check_nonfinite(
+    run: Runner,
+    contract: Contract,
+    case: ConformanceCase,
+    dtype: str,
+    seed: int = 0,
+    device: str = "cpu",
+) -> CheckResult:
+    """NaN, +inf and -inf planted in rows of each batched float input, then in each shared
+    float input: the outputs follow the contract's ``nonfinite`` rule against the float64
+    oracle, and rows without a planted value keep the clean call's bits."""
+    inputs, params = _case(contract, case, dtype, seed, device)
+    bdim = contract.conformance.batch_dim
+    n = case.sizes[bdim]
+    rows = [1, n // 2, n - 1] if n > 2 else [0]
+    batched = set(batch_inputs(contract))
+    clean = named_outputs(contract, run(**inputs, **params))
+    tol = contract.tolerance[dtype]
+    done = []
+    for name, t in inputs.items():
+        if t is None or not t.is_floating_point() or t.numel() == 0:
+            continue
+        planted = {**inputs, name: plant(t, rows if name in batched else [0, 0, 0])}
+        outs = named_outputs(contract, run(**planted, **params))
+        as64 = {
+            k: (v.double() if v is not None and v.is_floating_point() else v)
+            for k, v in planted.items()
+        }
+        refs = named_outputs(contract, reference_fn(contract)(**as64, **params))
+        bad_rows = nonfinite_rows(refs, n)
+        for o_name, ref in refs.items():
+            why = nonfinite_problem(contract, o_name, outs[o_name], ref, tol, bad_rows)
+            if why:
+                return CheckResult("nonfinite", False, f"non-finite values in '{name}': {why}")
+        if name in batched:
+            keep = torch.ones(n, dtype=torch.bool)
+            keep[[r for r in rows if r < n]] = False
+            for o_name, o in outs.items():
+                if o.dim() and o.shape[0] == n and o_name in clean:
+                    idx = keep.to(o.device)
+                    if not torch.equal(o[idx], clean[o_name][idx]):
+                        return CheckResult(
+                            "nonfinite",
+                            False,
+                            drift(
+                                o[idx],
+                                clean[o_name][idx],
+                                f"'{o_name}' rows without non-finite '{name}'",
+                            ),
+                        )
+        done.append(name)
+    return CheckResult("nonfinite", True, f"NaN/inf in {', '.join(done)}: as the float64 math")
+
+
 CHECKS = {
     "accuracy": check_accuracy,
     "run_to_run": check_run_to_run,
@@ -309,16 +506,24 @@ CHECKS = {
     "grad_accuracy": check_grad_accuracy,
     "grad_run_to_run": check_grad_run_to_run,
     "grad_batch": check_grad_batch_invariance,
+    "layout": check_layout,
+    "nonfinite": check_nonfinite,
 }
+# checks run on a contract's first conformance case only (they call the op many times)
+FIRST_CASE_ONLY = ("layout",)
 
 
 def checks_for(contract: Contract, case: ConformanceCase | None = None) -> list[str]:
-    """Every check the contract owes (for one case: less the case's ``skip``)."""
+    """Every check the contract owes (for one case: less the case's ``skip``; the layout
+    check on the first case)."""
     names = ["accuracy", *contract.invariance]
     if contract.grads:
         names += ["grad_accuracy", "grad_run_to_run"]
         if any("batch" in inv for inv in contract.grads.values()):
             names.append("grad_batch")
+    names.append("nonfinite")
+    if case is None or case is contract.conformance.cases[0]:
+        names += list(FIRST_CASE_ONLY)
     skip = set(case.skip) if case is not None else set()
     if "batch" in skip:
         skip.add("grad_batch")

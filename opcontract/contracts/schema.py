@@ -9,6 +9,8 @@ against the float64 oracle. Backends declare their reduction plan in the same te
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from typing import Any, Literal
@@ -73,7 +75,39 @@ class OutputSpec(_Strict):
     shape: list[str | int]
     dtype: DType | Literal["input"]
     when: str | None = Field(None, description="bool param that asks for this output")
+    shape_when: dict[str, list[str | int]] = Field(
+        default_factory=dict,
+        description="condition over params -> the shape when it holds (first match wins)",
+    )
     differentiable: bool = False
+    doc: str = ""
+
+
+class ResidualSpec(_Strict):
+    """A tensor the forward hands to the backward, never returned to the caller."""
+
+    shape: list[str | int]
+    dtype: DType | Literal["input"]
+    when: str | None = Field(None, description="condition over params; else empty ([0])")
+    doc: str = ""
+
+
+class BackwardSpec(_Strict):
+    saves: list[str] = Field(description="inputs, outputs and residuals the backward reads")
+    doc: str = ""
+
+
+class NonFiniteSpec(_Strict):
+    """What NaN and +-inf in the inputs produce, checked against the float64 oracle.
+
+    Where the oracle's output is NaN the output is NaN; where it is +-inf, the same
+    infinity (or NaN, for outputs in ``inf_as_nan``); where it is finite, finite and within
+    the tolerance. Outputs in ``unspecified`` are not checked on rows whose oracle row holds
+    a non-finite value. Rows of batched inputs without a non-finite value are unaffected.
+    """
+
+    inf_as_nan: list[str] = Field(default_factory=list)
+    unspecified: list[str] = Field(default_factory=list)
     doc: str = ""
 
 
@@ -139,6 +173,11 @@ class ConformanceSpec(_Strict):
     cases: list[ConformanceCase]
 
 
+Autocast = Literal["lower", "promote", "none"]
+"""lower: floating inputs cast to the autocast dtype, as nn.Linear; promote: to the widest
+floating dtype among them, as torch's elementwise ops; none: run as given."""
+
+
 class Contract(_Strict):
     op: str
     version: int
@@ -146,6 +185,17 @@ class Contract(_Strict):
     inputs: dict[str, TensorSpec]
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     outputs: dict[str, OutputSpec]
+    residuals: dict[str, ResidualSpec] = Field(default_factory=dict)
+    backward: BackwardSpec | None = None
+    batch_dims: str | None = Field(
+        None,
+        description=(
+            "a shape symbol that may stand for any number (>= 1) of leading dims on every "
+            "input and output whose shape starts with it; bitwise equal to the flattened call"
+        ),
+    )
+    autocast: Autocast = "none"
+    nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
     named_result: str | None = Field(
         None, description="type of the named tuple returned when an optional output is asked for"
     )
@@ -165,6 +215,7 @@ class Contract(_Strict):
 
     _path: str = PrivateAttr(default="<memory>")
     _sha256: str = PrivateAttr(default="")
+    _numerics: str = PrivateAttr(default="")
     _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
 
     @property
@@ -175,6 +226,15 @@ class Contract(_Strict):
     def sha256(self) -> str:
         """Hash of the contract file's bytes: part of every provenance record."""
         return self._sha256
+
+    @property
+    def numerics_sha256(self) -> str:
+        """Hash of what decides the op's bits: its inputs, params, outputs, math, reductions,
+        epilogue, invariances, forbidden features and gradients (not docs, tolerances,
+        conformance cases, call forms or autocast). A tuning entry is valid while it holds."""
+        if not self._numerics:
+            self._numerics = _numerics_hash(self)
+        return self._numerics
 
     def line_of(self, *keys: str | int) -> int:
         """Line in the source file of a field (or of its nearest enclosing field)."""
@@ -250,10 +310,135 @@ def check_value(text: str, value: float) -> str | None:
     return None
 
 
+def _numerics_hash(c: Contract) -> str:
+    def strip(model: BaseModel, drop: tuple[str, ...] = ("doc",)) -> dict:
+        return {k: v for k, v in model.model_dump(mode="json").items() if k not in drop}
+
+    data = {
+        "op": c.op,
+        "inputs": {n: strip(s) for n, s in c.inputs.items()},
+        "params": {n: strip(p) for n, p in c.params.items()},
+        "outputs": {n: strip(o, ("doc", "shape_when")) for n, o in c.outputs.items()},
+        "math": c.math,
+        "reductions": {n: strip(r) for n, r in c.reductions.items()},
+        "epilogue": [strip(e) for e in c.epilogue],
+        "invariance": c.invariance,
+        "forbid": c.forbid,
+        "grads": c.grads,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+_CONDITIONS: dict[str, Any] = {}
+
+
+def condition(expr: str):
+    """A compiled condition over params (``"reduction == 'none'"``, ``"label_smoothing > 0"``,
+    a bare bool param's name): ``fn(params) -> bool``. A plain Python function (torch.compile
+    traces it)."""
+    fn = _CONDITIONS.get(expr)
+    if fn is None:
+        names = sorted(compile(expr, "<condition>", "eval").co_names)
+        args = ", ".join([*names, "**_"])
+        body = eval(f"lambda {args}: bool({expr})", {"__builtins__": {"bool": bool}})  # noqa: S307
+        fn = _CONDITIONS[expr] = lambda params: body(**params)
+    return fn
+
+
+def _dim_problem(d: str | int, symbols: set[str]) -> str | None:
+    """A dim of an output or residual: an int, a shape symbol or an expression over them."""
+    if isinstance(d, int):
+        return None
+    try:
+        code = compile(d, "<dim>", "eval")
+    except SyntaxError as e:
+        return f"dim {d!r} is not an expression: {e.msg}"
+    unknown = set(code.co_names) - symbols
+    return f"symbol(s) {sorted(unknown)} bound by no input" if unknown else None
+
+
+def dim_value(d: str | int, sizes: dict[str, int]) -> int:
+    """The size of a declared dim for these shape symbols."""
+    if isinstance(d, int):
+        return d
+    if d in sizes:
+        return sizes[d]
+    return _dim_fn(d)(sizes)
+
+
+_DIMS: dict[str, Any] = {}
+
+
+def _dim_fn(d: str):
+    fn = _DIMS.get(d)
+    if fn is None:
+        names = sorted(compile(d, "<dim>", "eval").co_names)
+        body = eval(f"lambda {', '.join([*names, '**_'])}: ({d})", {"__builtins__": {}})  # noqa: S307
+        fn = _DIMS[d] = lambda sizes: body(**sizes)
+    return fn
+
+
+def output_shape(c: Contract, name: str, sizes: dict[str, int], params: dict) -> list[int]:
+    """An output's shape for a call: the first ``shape_when`` whose condition holds, else
+    ``shape``."""
+    o = c.outputs[name]
+    shape = o.shape
+    for expr, alt in o.shape_when.items():
+        if condition(expr)(params):
+            shape = alt
+            break
+    return [dim_value(d, sizes) for d in shape]
+
+
+def _condition_problem(expr: str, params: set[str]) -> str | None:
+    try:
+        code = compile(expr, "<condition>", "eval")
+    except SyntaxError as e:
+        return f"not an expression: {e.msg}"
+    unknown = set(code.co_names) - params
+    return f"unknown params {sorted(unknown)}" if unknown else None
+
+
 def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
     """Cross-field problems a schema can't express, each with the path of the field at fault."""
     out: list[tuple[tuple, str]] = []
     symbols = c.symbols()
+    params = set(c.params)
+    for name, o in c.outputs.items():
+        for expr, shape in o.shape_when.items():
+            why = _condition_problem(expr, params)
+            if why:
+                out.append((("outputs", name, "shape_when"), why))
+            for d in shape:
+                if why := _dim_problem(d, symbols):
+                    out.append((("outputs", name, "shape_when"), why))
+    for name, r in c.residuals.items():
+        if name in c.inputs or name in c.outputs:
+            out.append((("residuals", name), f"'{name}' is also an input or output"))
+        if r.when is not None and (why := _condition_problem(r.when, params)):
+            out.append((("residuals", name, "when"), why))
+        for d in r.shape:
+            if why := _dim_problem(d, symbols):
+                out.append((("residuals", name, "shape"), why))
+    if c.grads and c.backward is None:
+        out.append((("grads",), "an op with gradients needs a backward section (what it saves)"))
+    if c.backward is not None:
+        known = set(c.inputs) | set(c.outputs) | set(c.residuals)
+        for s in c.backward.saves:
+            if s not in known:
+                out.append((("backward", "saves"), f"'{s}' is no input, output or residual"))
+    if c.batch_dims is not None:
+        if c.batch_dims not in symbols:
+            out.append((("batch_dims",), f"'{c.batch_dims}' is not a shape symbol"))
+        for name, spec in c.inputs.items():
+            if c.batch_dims in spec.shape[1:]:
+                out.append(
+                    (("inputs", name, "shape"), f"batch symbol '{c.batch_dims}' only leads a shape")
+                )
+    for field in ("inf_as_nan", "unspecified"):
+        for name in getattr(c.nonfinite, field):
+            if name not in c.outputs:
+                out.append((("nonfinite", field), f"'{name}' is not an output"))
     for name, spec in c.inputs.items():
         if isinstance(spec.dtype, SameAs) and spec.dtype.same_as not in c.inputs:
             out.append(
@@ -306,8 +491,11 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
             out.append((("constraints", i, "argument"), f"'{k.argument}' is not an input"))
     for name, o in c.outputs.items():
         for d in o.shape:
-            if isinstance(d, str) and d not in symbols:
-                out.append((("outputs", name, "shape"), f"symbol '{d}' is bound by no input"))
+            if why := _dim_problem(d, symbols):
+                out.append((("outputs", name, "shape"), why))
+    many = [n for n, o in c.outputs.items() if not o.when]
+    if len(many) > 1 and not c.named_result:
+        out.append((("outputs",), f"several outputs {many} need a named_result"))
     for name, o in c.outputs.items():
         if o.when is not None and (o.when not in c.params or c.params[o.when].type != "bool"):
             out.append((("outputs", name, "when"), f"'{o.when}' is not a bool param"))

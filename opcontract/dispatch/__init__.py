@@ -7,26 +7,47 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from opcontract.backends.registry import implementations
 from opcontract.contracts import get_contract
 from opcontract.dispatch import call_cache
 from opcontract.dispatch.call_cache import CachedCall
 from opcontract.dispatch.device import simulate, simulating
-from opcontract.dispatch.provenance import Provenance, last_provenance, record
-from opcontract.dispatch.select import MODES, Selection, select
-from opcontract.dispatch.validate import BoundCall, bind, check_values
+from opcontract.dispatch.provenance import Provenance, last_provenance
+from opcontract.dispatch.select import MODES
+from opcontract.dispatch.shell import bypass_op, layout_copies, op_shell, resolve
+from opcontract.dispatch.validate import BoundCall, bind, signature
 from opcontract.errors import NoBackendError
 
-__all__ = ["OpFunction", "Report", "explain", "last_provenance", "op", "simulate"]
+__all__ = ["OpFunction", "Provenance", "Report", "explain", "last_provenance", "op", "simulate"]
+
+_LOWER = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def _check_backend(name: str, backend: str | None) -> None:
+    if backend is None:
+        return
+    impls = implementations(name)
+    known = sorted({i.backend for i in impls} | {i.name for i in impls})
+    if backend not in known:
+        raise ValueError(f"{name}: unknown backend {backend!r}; known: {', '.join(known)}")
+
+
+def _config_string(config: dict | None) -> str:
+    import json
+
+    return json.dumps(config, sort_keys=True) if config else ""
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,7 @@ class Report:
     accepted: list[str]
     rejected: dict[str, str]
     tuning_entry: str | None = None
+    copies: dict[str, str] = field(default_factory=dict)  # input -> layout it is copied to
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
@@ -56,6 +78,8 @@ class Report:
             lines.append("  selected: none")
         if self.tuning_entry:
             lines.append(f"  tuned config from {self.tuning_entry}")
+        for name, layout in self.copies.items():
+            lines.append(f"  copies '{name}' to a {layout} layout first (as given it is not)")
         for name in self.accepted:
             if name != self.implementation:
                 lines.append(f"  also eligible: {name}")
@@ -64,7 +88,152 @@ class Report:
         return "\n".join(lines)
 
 
-def _report(name: str, mode: str, sel: Selection) -> Report:
+def _autocast_on() -> bool:
+    return torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+
+
+def _autocast(policy: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Cast floating inputs as the contract's autocast policy says (``lower``: to the
+    autocast dtype, float64 left alone, as nn.Linear; ``promote``: to the widest among them)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if not tensors or not torch.is_autocast_enabled(tensors[0].device.type):
+        return args, kwargs
+    if policy == "lower":
+        to = torch.get_autocast_dtype(tensors[0].device.type)
+        want = _LOWER
+    else:
+        floats = [t.dtype for t in tensors if t.is_floating_point()]
+        if not floats:
+            return args, kwargs
+        to = functools.reduce(torch.promote_types, floats)
+        want = tuple(set(floats))
+
+    def cast(v):
+        return v.to(to) if isinstance(v, torch.Tensor) and v.dtype in want else v
+
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+
+def _sources(names: tuple, args: tuple, kwargs: dict, bound: BoundCall) -> tuple:
+    out = []
+    for i, n in enumerate(names):
+        if bound.inputs[n] is None:
+            out.append((n, None))
+        elif i < len(args):
+            out.append((n, i))
+        else:
+            out.append((n, n))
+    return tuple(out)
+
+
+class OpFunction:
+    """A contract-checked callable for one op. Built by :func:`op`."""
+
+    def __init__(self, name: str, backend: str | None, mode: str, config: dict | None = None):
+        _check_mode(mode)
+        self.contract = get_contract(name)
+        _check_backend(name, backend)
+        self.name = name
+        self.backend = backend
+        self.mode = mode
+        self.config = _config_string(config)
+        self.shell = op_shell(name)
+        self.sig = signature(name)
+        self._route = (name, backend, mode, self.config)
+        self._batched = tuple(r.batched for r in self.sig.inputs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.contract.autocast != "none" and _autocast_on():
+            args, kwargs = _autocast(self.contract.autocast, args, kwargs)
+        sh = self.shell
+        if torch.compiler.is_compiling():  # traced: validation on fake tensors, no memo
+            bound = bind(self.sig, args, kwargs)
+            inputs, params, lead = bound.inputs, bound.params, bound.lead
+        else:
+            k = None if simulating() else call_cache.key(self._route, args, kwargs)
+            hit = call_cache.get(k)
+            if hit is None:
+                hit = self._prepare(args, kwargs)
+                call_cache.put(k, hit)
+            if hit.route.impl is None:
+                raise NoBackendError(self.name, hit.route.rejected, requested=self.backend)
+            inputs, params, lead = hit.inputs(args, kwargs), hit.params, hit.lead
+        if lead is not None:
+            inputs = self._flatten(inputs, len(lead))
+        if not torch.compiler.is_compiling() and bypass_op(*inputs.values()):
+            with _autocast_off():
+                out = sh.run_forward(hit.route, inputs, params)
+        else:
+            out = sh.call_forward(inputs, params, self.backend or "", self.mode, self.config)
+        return sh.build_result(out, params, lead)
+
+    def _prepare(self, args: tuple, kwargs: dict) -> CachedCall:
+        bound = bind(self.sig, args, kwargs)
+        route = resolve(self.contract, bound, self.backend, self.mode, self.config)
+        return CachedCall(
+            _sources(self.sig.input_names, args, kwargs, bound),
+            bound.params,
+            bound.sizes,
+            bound.lead,
+            route,
+        )
+
+    def _flatten(self, inputs: dict, n_lead: int) -> dict:
+        return {
+            n: (t.reshape(-1, *t.shape[n_lead:]) if b and t is not None else t)
+            for (n, t), b in zip(inputs.items(), self._batched, strict=True)
+        }
+
+    def __repr__(self) -> str:
+        return f"OpFunction({self.name!r}, backend={self.backend!r}, mode={self.mode!r})"
+
+
+@contextlib.contextmanager
+def _autocast_off():
+    """Implementations run as without autocast (their inputs were cast by the policy)."""
+    if not _autocast_on():
+        yield
+        return
+    with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+        yield
+
+
+def op(
+    name: str, *, backend: str | None = None, mode: str = "strict", config: dict | None = None
+) -> OpFunction:
+    """The contract-checked callable for ``name``.
+
+    ``backend`` forces a backend (``"triton"``) or implementation (``"triton.fused"``);
+    ``mode="relaxed"`` also admits implementations that don't satisfy the contract's
+    numerics (stock library paths), still validating every input. ``config`` forces a
+    launch config, which must lie in the selected implementation's declared space (what the
+    tuner does to time candidates).
+    """
+    return OpFunction(name, backend, mode, config)
+
+
+def explain(
+    name: str,
+    *args: Any,
+    backend: str | None = None,
+    mode: str = "strict",
+    config: dict | None = None,
+    **kwargs: Any,
+) -> Report:
+    """Validate the call and report which implementation would serve it, and why not the rest."""
+    _check_mode(mode)
+    _check_backend(name, backend)
+    contract = get_contract(name)
+    if contract.autocast != "none" and _autocast_on():
+        args, kwargs = _autocast(contract.autocast, args, kwargs)
+    bound = bind(signature(name), args, kwargs)
+    from opcontract.dispatch.select import call_info, select
+
+    sel = select(contract, call_info(bound), backend, mode, config)
+    inputs = bound.inputs
+    if bound.lead is not None:  # the leading dims are flattened first: the rows decide
+        inputs = OpFunction(name, backend, mode, config)._flatten(inputs, len(bound.lead))
+    copies = layout_copies(sel.selected, inputs) if sel.selected else {}
     return Report(
         op=name,
         mode=mode,
@@ -77,102 +246,5 @@ def _report(name: str, mode: str, sel: Selection) -> Report:
         accepted=[i.name for i in sel.accepted],
         rejected=dict(sel.rejected),
         tuning_entry=sel.tuning_entry,
+        copies=copies,
     )
-
-
-def explain(
-    name: str, *args: Any, backend: str | None = None, mode: str = "strict", **kwargs: Any
-) -> Report:
-    """Validate the call and report which implementation would serve it, and why not the rest."""
-    _check_mode(mode)
-    contract = get_contract(name)
-    bound = bind(contract, args, kwargs)
-    return _report(name, mode, select(contract, bound, backend, mode))
-
-
-def _memo_entry(c, bound: BoundCall, sel: Selection, args, kwargs, mode) -> CachedCall:
-    impl = sel.selected
-    prov = None
-    if impl is not None:
-        prov = Provenance(
-            op=c.op,
-            contract_version=c.version,
-            contract_sha256=c.sha256,
-            backend=impl.backend,
-            implementation=impl.name,
-            config=dict(sel.config),
-            device=str(sel.call.device),
-            dtypes=dict(bound.dtypes),
-            mode=mode,
-            params=dict(bound.params),
-            tuning_entry=sel.tuning_entry,
-        )
-    names = list(c.inputs)
-    return CachedCall(
-        positional=tuple(names[: len(args)]),
-        keyword_inputs=frozenset(k for k in kwargs if k in c.inputs),
-        absent=tuple(n for n in names[len(args) :] if n not in kwargs),
-        params=dict(bound.params),
-        sizes=dict(bound.sizes),
-        value_checked=any(s.values is not None for s in c.inputs.values()),
-        impl=impl,
-        config=dict(sel.config),
-        provenance=prov,
-        rejected=dict(sel.rejected),
-    )
-
-
-def _host_side(fn: OpFunction, args: tuple, kwargs: dict) -> tuple[dict, CachedCall]:
-    """Validation and selection, memoised per call signature."""
-    c = fn.contract
-    k = None if simulating() else call_cache.key(fn.name, fn.backend, fn.mode, args, kwargs)
-    hit = call_cache.get(k)
-    if hit is None:
-        bound = bind(c, args, kwargs)
-        sel = select(c, bound, fn.backend, fn.mode)
-        hit = _memo_entry(c, bound, sel, args, kwargs, fn.mode)
-        call_cache.put(k, hit)
-        inputs = bound.inputs
-    else:
-        inputs = hit.inputs(args, kwargs)
-        if hit.value_checked:
-            check_values(c, inputs, hit.params, hit.sizes)
-    if hit.impl is None:
-        raise NoBackendError(fn.name, hit.rejected, requested=fn.backend)
-    return inputs, hit
-
-
-# Under torch.compile the host logic runs eagerly (a graph break), so the compiled graph
-# holds only the op itself. Eager calls skip the disable wrapper's own cost.
-_host_side_eager_in_compile = torch.compiler.disable(_host_side)
-
-
-class OpFunction:
-    """A contract-checked callable for one op. Built by :func:`op`."""
-
-    def __init__(self, name: str, backend: str | None, mode: str) -> None:
-        _check_mode(mode)
-        self.contract = get_contract(name)
-        self.name = name
-        self.backend = backend
-        self.mode = mode
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        host = _host_side_eager_in_compile if torch.compiler.is_compiling() else _host_side
-        inputs, hit = host(self, args, kwargs)
-        out = hit.impl.run(hit.config, **inputs, **hit.params)
-        record(hit.provenance)
-        return out
-
-    def __repr__(self) -> str:
-        return f"OpFunction({self.name!r}, backend={self.backend!r}, mode={self.mode!r})"
-
-
-def op(name: str, *, backend: str | None = None, mode: str = "strict") -> OpFunction:
-    """The contract-checked callable for ``name``.
-
-    ``backend`` forces a backend (``"triton"``) or implementation (``"triton.fused"``);
-    ``mode="relaxed"`` also admits implementations that don't satisfy the contract's
-    numerics (stock library paths), still validating every input.
-    """
-    return OpFunction(name, backend, mode)

@@ -1,216 +1,404 @@
-"""Validate a call against its contract: argument binding, ranks, shape symbols, dtypes,
-devices, index ranges and param checks. Every failure names the argument and the field."""
+"""Validate a call against its contract: argument binding, ranks, leading batch dims, shape
+symbols, dtypes, devices, param types and checks, and index ranges. Every failure is a
+ContractViolation that names the argument and the contract field.
+
+``bind`` needs only shapes, dtypes and params, so torch.compile runs it while it traces
+(on fake tensors); it is written in plain Python over the precomputed :class:`Signature`
+for that reason. ``check_values`` reads tensor values and runs inside the op.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from opcontract.contracts.schema import Contract, SameAs, check_value
+from opcontract.contracts import get_contract
+from opcontract.contracts.schema import SameAs, parse_check
 from opcontract.errors import ContractViolation
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+DTYPE_NAMES = {
+    getattr(torch, n): n
+    for n in ("bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64")
+    + ("uint8", "bool", "complex64", "complex128")
+}
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    name = DTYPE_NAMES.get(t.dtype)
+    return name if name is not None else str(t.dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class ParamRule:
+    name: str
+    kind: str  # float | int | bool | str
+    default: Any
+    choices: tuple | None
+    terms: tuple[tuple[str, float], ...]  # the parsed check
+    check: str | None
+
+
+@dataclass(frozen=True)
+class InputRule:
+    name: str
+    shape: tuple  # shape symbols and ints
+    dtypes: tuple[str, ...]  # allowed dtype names; empty with same_as
+    same_as: str | None
+    optional: bool
+    absent_when: tuple[tuple[str, tuple], ...]
+    batched: bool  # its shape leads with the contract's batch_dims symbol
+    values: tuple | None  # (low, high, allow param) of an index input
+
+
+@dataclass(frozen=True)
+class Constraint:
+    holds: Any  # fn(**sizes) -> bool
+    argument: str
+    message: str
+    when: tuple[tuple[str, tuple], ...]
+    index: int
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A contract's call signature in plain Python values (what ``bind`` reads)."""
+
+    op: str
+    inputs: tuple[InputRule, ...]
+    params: tuple[ParamRule, ...]
+    input_names: tuple[str, ...]
+    param_names: tuple[str, ...]
+    constraints: tuple[Constraint, ...]
+    batch: str | None
+    served: tuple[str, ...]
+    value_checked: bool
+
+
+@functools.cache
+def signature(op: str) -> Signature:
+    c = get_contract(op)
+    inputs = tuple(
+        InputRule(
+            name=n,
+            shape=tuple(s.shape),
+            dtypes=() if isinstance(s.dtype, SameAs) else tuple(s.dtype),
+            same_as=s.dtype.same_as if isinstance(s.dtype, SameAs) else None,
+            optional=s.optional,
+            absent_when=tuple((p, tuple(v)) for p, v in (s.absent_when or {}).items()),
+            batched=c.batch_dims is not None and bool(s.shape) and s.shape[0] == c.batch_dims,
+            values=None if s.values is None else (*s.values.range, s.values.allow),
+        )
+        for n, s in c.inputs.items()
+    )
+    params = tuple(
+        ParamRule(
+            name=n,
+            kind=p.type,
+            default=p.default,
+            choices=tuple(p.choices) if p.choices is not None else None,
+            terms=tuple(parse_check(p.check)) if p.check else (),
+            check=p.check,
+        )
+        for n, p in c.params.items()
+    )
+    symbols = sorted(c.symbols())
+    constraints = tuple(
+        Constraint(
+            holds=eval(f"lambda {', '.join(symbols)}, **_: ({k.require})", {"__builtins__": {}}),  # noqa: S307
+            argument=k.argument,
+            message=k.message,
+            when=tuple((p, tuple(v)) for p, v in k.when.items()),
+            index=i,
+        )
+        for i, k in enumerate(c.constraints)
+    )
+    return Signature(
+        op=op,
+        inputs=inputs,
+        params=params,
+        input_names=tuple(c.inputs),
+        param_names=tuple(c.params),
+        constraints=constraints,
+        batch=c.batch_dims,
+        served=tuple(c.float_dtypes()),
+        value_checked=any(r.values is not None for r in inputs),
+    )
 
 
 @dataclass(frozen=True)
 class BoundCall:
-    inputs: dict[str, torch.Tensor]
+    inputs: dict[str, torch.Tensor | None]
     params: dict[str, Any]
-    sizes: dict[str, int]
+    sizes: dict[str, int]  # with leading batch dims, the batch symbol is their product
     dtypes: dict[str, str]
     dtype: str  # the dtype the op is served in (its first floating-point input's)
-    device: torch.device
+    device: torch.device | None
+    lead: tuple | None  # the leading batch dims of the batched inputs, when they have any
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({type(value).__name__})"
 
 
-def _check_param(c: Contract, name: str, value: Any) -> Any:
-    spec = c.params[name]
+def check_param(sig: Signature, rule: ParamRule, value: Any) -> Any:
+    """The validated value of a param (an int given for a float becomes a float)."""
+    op, name = sig.op, rule.name
     field = f"params.{name}"
     if value is None:
-        if spec.default is not None:
-            raise ContractViolation(c.op, name, f"{field}.type", "may not be None")
+        if rule.default is not None:
+            raise ContractViolation(op, name, f"{field}.type", "may not be None")
         return None
-    kind = spec.type
+    kind = rule.kind
     if isinstance(value, torch.Tensor):
-        raise ContractViolation(
-            c.op, name, f"{field}.type", f"must be a Python {kind}, got a tensor"
-        )
-    ok = {
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "str": isinstance(value, str),
-    }[kind]
+        raise ContractViolation(op, name, f"{field}.type", f"must be a Python {kind}, got a tensor")
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "str":
+        ok = isinstance(value, str)
+    else:
+        ok = isinstance(value, (int, float) if kind == "float" else int)
+        ok = ok and not isinstance(value, bool)
     if not ok:
         raise ContractViolation(
-            c.op, name, f"{field}.type", f"must be {kind}, got {type(value).__name__} {value!r}"
+            op, name, f"{field}.type", f"must be {kind}, got {type(value).__name__} {_show(value)}"
         )
     if kind == "float":
-        value = float(value)
-    if spec.choices is not None and value not in spec.choices:
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ContractViolation(
+                op, name, f"{field}.type", f"{_show(value)} is outside the range of a float"
+            ) from None
+    elif kind == "int":
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ContractViolation(
+                op, name, f"{field}.type", f"{_show(value)} is outside the range of int64"
+            )
+        value = int(value)
+    if rule.choices is not None and value not in rule.choices:
         raise ContractViolation(
-            c.op, name, f"{field}.choices", f"{value!r} is not one of {spec.choices}"
+            op, name, f"{field}.choices", f"{_show(value)} is not one of {list(rule.choices)}"
         )
-    if spec.check is not None and kind in ("float", "int"):
-        why = check_value(spec.check, float(value))
-        if why:
-            raise ContractViolation(c.op, name, f"{field}.check", why)
+    for cmp, bound in rule.terms:
+        if cmp == "finite":
+            ok = math.isfinite(value)
+        elif cmp == ">":
+            ok = value > bound
+        elif cmp == ">=":
+            ok = value >= bound
+        elif cmp == "<":
+            ok = value < bound
+        elif cmp == "<=":
+            ok = value <= bound
+        else:
+            ok = value != bound
+        if not ok:
+            raise ContractViolation(
+                op, name, f"{field}.check", f"{_show(value)} fails the check '{rule.check}'"
+            )
     return value
 
 
-def bind(c: Contract, args: tuple, kwargs: dict) -> BoundCall:
-    """Bind and validate a call; raise ContractViolation on the first problem."""
-    names = list(c.inputs)
+def bind_params(sig: Signature, given: dict[str, Any]) -> dict[str, Any]:
+    return {r.name: check_param(sig, r, given.get(r.name, r.default)) for r in sig.params}
+
+
+def bind(sig: Signature, args: tuple, kwargs: dict) -> BoundCall:
+    """Bind and validate a call's shapes, dtypes, devices and params (no tensor values)."""
+    op, names = sig.op, sig.input_names
     if len(args) > len(names):
         raise ContractViolation(
-            c.op,
+            op,
             f"positional #{len(args)}",
             "inputs",
             f"takes {len(names)} tensors positionally ({', '.join(names)}); "
             f"params are keyword-only",
         )
-    inputs: dict[str, Any] = dict(zip(names, args, strict=False))
-    params: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}
+    for i, a in enumerate(args):
+        inputs[names[i]] = a
+    given: dict[str, Any] = {}
     for k, v in kwargs.items():
-        if k in c.inputs:
+        if k in names:
             if k in inputs:
-                raise ContractViolation(c.op, k, "inputs", "given both positionally and by name")
+                raise ContractViolation(op, k, "inputs", "given both positionally and by name")
             inputs[k] = v
-        elif k in c.params:
-            params[k] = v
+        elif k in sig.param_names:
+            given[k] = v
         else:
             raise ContractViolation(
-                c.op,
+                op,
                 k,
                 "signature",
-                f"unexpected argument; inputs are {names}, params are {list(c.params)}",
+                f"unexpected argument; inputs are {list(names)}, params are "
+                f"{list(sig.param_names)}",
             )
-    for name, spec in c.params.items():
-        params[name] = _check_param(c, name, params.get(name, spec.default))
-    for name in names:
-        absent = [
-            f"{p}={params[p]!r}"
-            for p, vals in (c.inputs[name].absent_when or {}).items()
-            if params[p] in vals
-        ]
-        if absent and inputs.get(name) is not None:
-            raise ContractViolation(
-                c.op, name, f"inputs.{name}.absent_when", f"must be None when {', '.join(absent)}"
-            )
-        if absent:
-            inputs[name] = None
-        elif inputs.get(name) is None:
-            if not c.inputs[name].optional:
-                raise ContractViolation(c.op, name, f"inputs.{name}", "missing")
-            inputs[name] = None
+    params = bind_params(sig, given)
 
-    sizes: dict[str, int] = {}
+    sizes: dict[str, Any] = {}
     bound_by: dict[str, str] = {}
+    dtypes: dict[str, str] = {}
     device = None
     first = None
-    for name, spec in c.inputs.items():
-        t = inputs[name]
+    lead = None
+    lead_from = None
+    for rule in sig.inputs:
+        name = rule.name
+        absent = [f"{p}={params[p]!r}" for p, vals in rule.absent_when if params[p] in vals]
+        t = inputs.get(name)
+        if absent:
+            if t is not None:
+                raise ContractViolation(
+                    op, name, f"inputs.{name}.absent_when", f"must be None when {', '.join(absent)}"
+                )
+            inputs[name] = None
+            continue
         if t is None:
+            if not rule.optional:
+                raise ContractViolation(op, name, f"inputs.{name}", "missing")
+            inputs[name] = None
             continue
         if not isinstance(t, torch.Tensor):
             raise ContractViolation(
-                c.op, name, f"inputs.{name}", f"must be a torch.Tensor, got {type(t).__name__}"
+                op, name, f"inputs.{name}", f"must be a torch.Tensor, got {type(t).__name__}"
             )
         if device is None:
             device, first = t.device, name
         elif t.device != device:
             raise ContractViolation(
-                c.op, name, "device", f"is on {t.device}, but '{first}' is on {device}"
+                op, name, "device", f"is on {t.device}, but '{first}' is on {device}"
             )
-        if t.dim() != len(spec.shape):
+        shape = tuple(t.shape)
+        spec = rule.shape
+        if rule.batched:
+            n_lead = len(shape) - len(spec) + 1
+            if n_lead < 1:
+                raise ContractViolation(
+                    op,
+                    name,
+                    f"inputs.{name}.shape",
+                    f"must have rank >= {len(spec)} [..., {', '.join(map(str, spec[1:]))}] "
+                    f"(leading dims are {spec[0]}), got shape {list(shape)}",
+                )
+            here = shape[:n_lead]
+            if lead is None:
+                lead, lead_from = here, name
+            elif here != lead:
+                sym = spec[0]
+                why = (
+                    f"{sym} = {here[0]} here but {sym} = {lead[0]} from '{lead_from}'"
+                    if len(here) == len(lead) == 1
+                    else f"leading dims {list(here)} here but {list(lead)} from '{lead_from}'"
+                )
+                raise ContractViolation(op, name, f"inputs.{name}.shape[0]", why)
+            rows = 1
+            for d in here:
+                rows = rows * d
+            shape = (rows, *shape[n_lead:])
+        elif len(shape) != len(spec):
             raise ContractViolation(
-                c.op,
+                op,
                 name,
                 f"inputs.{name}.shape",
-                f"must have rank {len(spec.shape)} {spec.shape}, got shape {list(t.shape)}",
+                f"must have rank {len(spec)} {list(spec)}, got shape {list(t.shape)}",
             )
-        for i, (dim, size) in enumerate(zip(spec.shape, t.shape, strict=True)):
+        for i, dim in enumerate(spec):
+            size = shape[i]
             if isinstance(dim, int):
                 if size != dim:
                     raise ContractViolation(
-                        c.op, name, f"inputs.{name}.shape[{i}]", f"must be {dim}, got {size}"
+                        op, name, f"inputs.{name}.shape[{i}]", f"must be {dim}, got {size}"
                     )
-            elif dim in sizes and sizes[dim] != size:
-                raise ContractViolation(
-                    c.op,
-                    name,
-                    f"inputs.{name}.shape[{i}]",
-                    f"{dim} = {size} here but {dim} = {sizes[dim]} from '{bound_by[dim]}'",
-                )
+            elif dim in sizes:
+                if sizes[dim] != size:
+                    raise ContractViolation(
+                        op,
+                        name,
+                        f"inputs.{name}.shape[{i}]",
+                        f"{dim} = {size} here but {dim} = {sizes[dim]} from '{bound_by[dim]}'",
+                    )
             else:
-                sizes.setdefault(dim, size)
-                bound_by.setdefault(dim, name)
-        dt = _dtype_name(t)
-        if isinstance(spec.dtype, SameAs):
-            other = spec.dtype.same_as
-            if inputs[other] is None:
-                continue
-            want = _dtype_name(inputs[other])
-            if dt != want:
-                raise ContractViolation(
-                    c.op,
-                    name,
-                    f"inputs.{name}.dtype",
-                    f"must have the dtype of '{other}' ({want}), got {dt}",
-                )
-        elif dt not in spec.dtype:
+                sizes[dim] = size
+                bound_by[dim] = name
+        dt = dtype_name(t)
+        dtypes[name] = dt
+        if rule.same_as is not None:
+            other = inputs.get(rule.same_as)
+            if other is not None and isinstance(other, torch.Tensor):
+                want = dtype_name(other)
+                if dt != want:
+                    raise ContractViolation(
+                        op,
+                        name,
+                        f"inputs.{name}.dtype",
+                        f"must have the dtype of '{rule.same_as}' ({want}), got {dt}",
+                    )
+        elif dt not in rule.dtypes:
             raise ContractViolation(
-                c.op, name, f"inputs.{name}.dtype", f"must be one of {list(spec.dtype)}, got {dt}"
+                op, name, f"inputs.{name}.dtype", f"must be one of {list(rule.dtypes)}, got {dt}"
             )
 
-    for i, k in enumerate(c.constraints):
-        if all(params.get(p) in vals for p, vals in k.when.items()) and not eval(  # noqa: S307
-            k.require, {"__builtins__": {}}, dict(sizes)
-        ):
-            raise ContractViolation(c.op, k.argument, f"constraints[{i}]", k.message)
+    for k in sig.constraints:
+        if all(params.get(p) in vals for p, vals in k.when) and not k.holds(**sizes):
+            raise ContractViolation(op, k.argument, f"constraints[{k.index}]", k.message)
 
-    check_values(c, inputs, params, sizes)
+    dtype = dtypes[names[0]] if names[0] in dtypes else next(iter(dtypes.values()), "")
+    for d in dtypes.values():
+        if d in sig.served:
+            dtype = d
+            break
+    if lead is not None and len(lead) == 1:
+        lead = None  # already one row per item: nothing to flatten
+    return BoundCall(inputs, params, sizes, dtypes, dtype, device, lead)
 
-    dtypes = {n: _dtype_name(t) for n, t in inputs.items() if t is not None}
-    served = c.float_dtypes()
-    dtype = next((d for d in dtypes.values() if d in served), dtypes[names[0]])
-    return BoundCall(inputs, params, sizes, dtypes, dtype, device)
 
-
-def check_values(
-    c: Contract, inputs: dict[str, Any], params: dict[str, Any], sizes: dict[str, int]
-) -> None:
+def check_values(sig: Signature, inputs: dict[str, Any], params: dict[str, Any], sizes) -> None:
     """The contract's index ranges (e.g. token ids below V): these read the tensors.
 
-    While a CUDA graph is being captured the values don't exist yet, so nothing is read:
-    a captured graph's replays are not range-checked (check the ids before replaying).
+    Nothing is read from meta tensors (they hold no values), nor while a CUDA graph is being
+    captured (the values don't exist yet: check the ids before replaying a captured graph).
     """
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return
-    for name, spec in c.inputs.items():
-        if spec.values is None or inputs[name] is None or inputs[name].numel() == 0:
+    for rule in sig.inputs:
+        if rule.values is None:
             continue
-        t = inputs[name]
-        lo, hi = (sizes[b] if isinstance(b, str) else b for b in spec.values.range)
-        allow = params[spec.values.allow] if spec.values.allow is not None else None
-        # One reduction and one host sync when every value is in range
-        seen = t if allow is None else torch.where(t == allow, lo, t)
-        t_min, t_max = torch.stack(torch.aminmax(seen)).tolist()
-        if lo <= t_min and t_max < hi:
+        t = inputs[rule.name]
+        if t is None or t.numel() == 0 or t.device.type == "meta":
             continue
-        ok = (t >= lo) & (t < hi)
+        low, high, allow_param = rule.values
+        lo = sizes[low] if isinstance(low, str) else low
+        hi = sizes[high] if isinstance(high, str) else high
+        allow = params[allow_param] if allow_param is not None else None
+        if allow is not None:
+            info = torch.iinfo(t.dtype)
+            if not info.min <= allow <= info.max:
+                allow = None  # no element of this dtype can equal it
+        if lo < hi:  # one reduction and one host sync when every value is in range
+            seen = t if allow is None else torch.where(t == allow, lo, t)
+            t_min, t_max = torch.stack(torch.aminmax(seen)).tolist()
+            if lo <= t_min and t_max < hi:
+                continue
+            ok = (t >= lo) & (t < hi)
+        else:  # an empty range: only the sentinel may appear
+            ok = torch.zeros_like(t, dtype=torch.bool)
         extra = ""
         if allow is not None:
             ok |= t == allow
-            extra = f" or {spec.values.allow}={allow}"
+            extra = f" or {allow_param}={allow}"
         bad = t[~ok]
+        if bad.numel() == 0:
+            continue
         raise ContractViolation(
-            c.op,
-            name,
-            f"inputs.{name}.values",
+            sig.op,
+            rule.name,
+            f"inputs.{rule.name}.values",
             f"must lie in [{lo}, {hi}){extra}; {bad.numel()} value(s) "
             f"do not, e.g. {bad.flatten()[0].item()}",
         )

@@ -10,8 +10,9 @@ from opcontract import dispatch
 class StrictLinear(torch.nn.Linear):
     """Drop-in nn.Linear (same parameters and state-dict keys) routed through dense_gemm.
 
-    Any leading dimensions are flattened into rows. Works with autograd and under
-    torch.compile (the op is a torch.library custom op).
+    Any leading dimensions (dense_gemm's batch dims; a 1-D input is one row, as in
+    nn.Linear). Works with autograd, under autocast (inputs cast as nn.Linear casts them) and
+    under torch.compile (the op is a torch.library custom op).
     """
 
     def __init__(
@@ -43,5 +44,6 @@ class StrictLinear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        return self._gemm(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
+        if x.dim() == 1:
+            return self._gemm(x[None], self.weight, self.bias)[0]
+        return self._gemm(x, self.weight, self.bias)

@@ -1,10 +1,14 @@
-"""The tuning database: JSON tables shipped in the package plus user tables, keyed by GPU
-name and compute capability, op, implementation, dtype and batch bucket, each entry stamped
-with the versions and the contract hash it was verified under.
+"""The runtime tuning tables dispatch reads: JSON shipped in the package plus user tables,
+keyed by GPU name and compute capability, op, implementation, dtype and batch bucket, each
+entry stamped with the versions and the contract's numerics hash it was verified under.
 
-An entry whose stamp doesn't match this machine, or a corrupt file, is ignored with one
-warning, and the default config runs. Writes are atomic (a temporary file renamed over the
-table) under an exclusive lock, so concurrent tuners never corrupt a table.
+An entry is used only if its stamp matches this machine, its contract's numerics are the
+ones it was verified under, every config key is a declared free parameter of its
+implementation with one of the declared values, and its timing is a finite number; anything
+else (a corrupt file too) is ignored with one warning naming the table, the entry and the
+reason, and the default config runs. ``entry_problem`` is that one check, also used by
+``opcontract-tune verify``. Writes are atomic (a temporary file renamed over the table)
+under an exclusive lock, so concurrent tuners never corrupt a table.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import fcntl
 import functools
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -23,10 +28,10 @@ from typing import Any
 import torch
 
 import opcontract
-from opcontract.backends.registry import DeviceInfo
+from opcontract.backends.registry import DeviceInfo, Implementation
 
-FORMAT = 1
-PACKAGE_TABLES = Path(__file__).parent / "tables"
+FORMAT = 2  # 2: entries carry the contract's numerics hash (numerics_sha256)
+PACKAGE_TABLES = Path(__file__).parent
 USER_TABLES = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opcontract" / "tuning"
 )
@@ -138,13 +143,40 @@ def table_key(
 class Entry:
     key: dict[str, Any]
     config: dict[str, Any]
-    contract_sha256: str
+    numerics_sha256: str | None
     stamp: dict[str, Any]
-    median_ms: float | None
+    median_ms: Any
     source: str
 
     def describe(self) -> str:
         return f"{self.source}: {self.key}"
+
+
+def declared_value(value: Any, declared: tuple) -> bool:
+    """``value`` is one of ``declared`` with the same type (True is not 1, 4.0 is not 4)."""
+    return any(type(value) is type(d) and value == d for d in declared)
+
+
+def entry_problem(entry: Entry, impl: Implementation, numerics_sha256: str) -> str | None:
+    """Why ``entry`` may not configure ``impl`` (None: it may). Dispatch and
+    ``opcontract-tune verify`` both ask this."""
+    if entry.numerics_sha256 != numerics_sha256:
+        return f"was verified under other numerics of the {impl.op} contract"
+    ms = entry.median_ms
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms):
+        return f"its median_ms {ms!r} is not a finite number"
+    if not isinstance(entry.config, dict):
+        return f"its config {entry.config!r} is not a mapping"
+    for k, v in entry.config.items():
+        declared = impl.config_space.get(k)
+        if declared is None:
+            return (
+                f"config key {k!r} is not a free parameter of {impl.name} "
+                f"(declared: {sorted(impl.config_space)})"
+            )
+        if not declared_value(v, declared):
+            return f"config {k}={v!r} is not among {impl.name}'s declared values {list(declared)}"
+    return None
 
 
 class TuningDB:
@@ -166,8 +198,8 @@ class TuningDB:
             return [
                 Entry(
                     {k: e[k] for k in KEY_FIELDS},
-                    dict(e["config"]),
-                    e["contract_sha256"],
+                    e["config"],
+                    e.get("numerics_sha256"),
                     dict(e["stamp"]),
                     e.get("median_ms"),
                     str(path),
@@ -182,32 +214,32 @@ class TuningDB:
         self,
         device: DeviceInfo,
         op: str,
-        implementation: str,
+        impl: Implementation,
         dtype: str,
         shape: str,
         bucket: int,
-        contract_sha256: str,
+        numerics_sha256: str,
     ) -> Entry | None:
-        key = table_key(device, op, implementation, dtype, shape, bucket)
+        """The newest entry for this key that may configure ``impl``; else None (a rejected
+        entry is ignored with one warning)."""
+        key = table_key(device, op, impl.name, dtype, shape, bucket)
         now = stamp()
         for e in reversed(self.entries):
             if e.key != key:
                 continue
-            if e.contract_sha256 != contract_sha256:
+            why = entry_problem(e, impl, numerics_sha256)
+            if why is None:
+                stale = {
+                    k: (e.stamp.get(k), now.get(k))
+                    for k in stamp_fields(impl.name)
+                    if e.stamp.get(k) != now.get(k)
+                }
+                if stale:
+                    why = f"was made with other versions {stale}"
+            if why:
                 _warn_once(
-                    f"opcontract: tuning entry {e.describe()} is for another version of "
-                    f"the {op} contract; using the default config"
-                )
-                return None
-            stale = {
-                k: (e.stamp.get(k), now.get(k))
-                for k in stamp_fields(implementation)
-                if e.stamp.get(k) != now.get(k)
-            }
-            if stale:
-                _warn_once(
-                    f"opcontract: tuning entry {e.describe()} was made with other "
-                    f"versions {stale}; using the default config"
+                    f"opcontract: ignoring tuning entry {e.describe()}: {why}; "
+                    f"using the default config"
                 )
                 return None
             return e
@@ -222,13 +254,13 @@ def make_entry(
     shape: str,
     bucket: int,
     config: dict,
-    contract_sha256: str,
+    numerics_sha256: str,
     median_ms: float | None,
 ) -> dict[str, Any]:
     return dict(
         **table_key(device, op, implementation, dtype, shape, bucket),
         config=config,
-        contract_sha256=contract_sha256,
+        numerics_sha256=numerics_sha256,
         stamp={**stamp(), "driver": _driver()},
         median_ms=median_ms,
     )

@@ -9,6 +9,7 @@ config is written to the table once its study ends.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -24,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from opcontract.backends.registry import implementation
 from opcontract.conformance.checks import named_outputs
 from opcontract.contracts import get_contract
-from opcontract.tuning.db import bucket_of, make_entry, shape_key, write_entry
+from opcontract.tables.db import bucket_of, declared_value, make_entry, shape_key, write_entry
 from opcontract.tuning.space import candidates, search_space
-from opcontract.tuning.verify import Probe, _device_info, check, prepare, same_bits
+from opcontract.tuning.verify import Probe, _device_info, check, prepare, runner, same_bits
 
 
 class _Strict(BaseModel):
@@ -138,14 +139,16 @@ def workload(probe: Probe, objective: str = "forward") -> Callable[[dict], Calla
     gradients and leaves made once (no copies inside the timed call)."""
     c = probe.contract
     if objective == "forward" or not c.grads:
-        return lambda cfg: lambda: probe.impl.run(cfg, **probe.inputs, **probe.params)
+        return lambda cfg: functools.partial(
+            runner(probe.impl, cfg), **probe.inputs, **probe.params
+        )
     leaves = {
         k: (v.detach().clone().requires_grad_(True) if k in c.grads and v is not None else v)
         for k, v in probe.inputs.items()
     }
     wrt = [leaves[k] for k in c.grads if leaves[k] is not None]
     with torch.no_grad():
-        outs = named_outputs(c, probe.impl.run(probe.canonical, **probe.inputs, **probe.params))
+        outs = named_outputs(c, runner(probe.impl, probe.canonical)(**probe.inputs, **probe.params))
     diff = [n for n, o in c.outputs.items() if o.differentiable and n in outs]
     gen = torch.Generator(outs[diff[0]].device).manual_seed(7)
     ups = [
@@ -154,8 +157,10 @@ def workload(probe: Probe, objective: str = "forward") -> Callable[[dict], Calla
     ]
 
     def train(cfg):
+        run = runner(probe.impl, cfg)
+
         def step():
-            o = named_outputs(c, probe.impl.run(cfg, **leaves, **probe.params))
+            o = named_outputs(c, run(**leaves, **probe.params))
             return torch.autograd.grad([o[n] for n in diff], wrt, ups)
 
         return step
@@ -398,7 +403,13 @@ def run_sweep(
             print(f"{name}: failed, no entry: {type(e).__name__}: {e}", flush=True)
             continue
         if best is None or best_ms >= default_ms:  # the default is (still) the fastest
-            best = {k: probe.canonical[k] for k in search_space(impl) if k in probe.canonical}
+            # its declared values (a value outside the space, such as the interpreter's
+            # smaller tiles, is the default anyway and no table may carry it)
+            best = {
+                k: probe.canonical[k]
+                for k, values in search_space(impl).items()
+                if k in probe.canonical and declared_value(probe.canonical[k], values)
+            }
             best_ms = default_ms
         write_entry(
             table,
@@ -410,7 +421,7 @@ def run_sweep(
                 shape,
                 bucket_of(b),
                 best,
-                c.sha256,
+                c.numerics_sha256,
                 best_ms,
             ),
         )

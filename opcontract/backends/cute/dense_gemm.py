@@ -3,7 +3,7 @@ the launch, and forward/backward in the signature of the other backends' dense_g
 
 Importing this module never imports CUTLASS; the first call does.
 
-The kernel (gemm_kernel.py) computes c = a @ b.T with a [M, K], b [N, K], both K-major, with
+The kernel (dense_gemm_kernels.py) computes c = a @ b.T with a [M, K], b [N, K], both K-major, with
 the contract's gemm_k numerics (256-element float32 partials, ascending). TMA needs 16-byte
 aligned rows: operands whose K is not a multiple of 8 (or that are strided or misaligned) are
 copied into zero-padded buffers, and an output whose N is not a multiple of 8 is written into
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from opcontract.backends.gemm_op import K_BLOCK  # noqa: F401 - the kernel's CHUNK_K, by contract
-from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
+from opcontract.backends.dense_gemm import K_BLOCK  # noqa: F401 - the kernel's CHUNK_K, by contract
+from opcontract.backends.fixed_order import pairwise_sum
 
 CONFIG = {"tile_m": 128, "tile_n": 128, "group_m": 8, "overlap": 1}
 # Tile sizes along M and N decide which CTA computes an element, and group_m (row tiles
@@ -142,7 +142,7 @@ def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
     if fn is None:
         import cutlass.cute as cute
 
-        from opcontract.backends.cute.gemm_kernel import PromotedGemmSm90
+        from opcontract.backends.cute.dense_gemm_kernels import PromotedGemmSm90
 
         dtype, tile_m, tile_n, group_m, has_bias, overlap = key
         kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap)
@@ -226,3 +226,14 @@ def backward(
     dw = gemm(dy.T.contiguous(), x.T.contiguous(), None, config)  # [N, M] @ [K, M].T
     db = pairwise_sum(dy.float()).to(weight.dtype, copy=True) if has_bias else None
     return dx, dw, db
+
+
+def gemm_forward(config, x, weight, bias):
+    return (forward(x, weight, bias, config),)
+
+
+def gemm_backward(config, saved, grads, needs, **params):
+    dx, dw, db = backward(
+        grads["y"], saved["x"], saved["weight"], saved["bias"] is not None, config
+    )
+    return {"x": dx, "weight": dw, "bias": db}

@@ -3,9 +3,9 @@ CUTLASS: kernels and the library load on the first call."""
 
 from __future__ import annotations
 
-from opcontract.backends import gemm_op
 from opcontract.backends.cute import dense_gemm as dg
 from opcontract.backends.cute import missing_library
+from opcontract.backends.dense_gemm import strict_declaration
 from opcontract.backends.registry import register
 
 # What every CuTe implementation shares: SM90 kernels (TMA, WGMMA, setmaxnreg), 16-bit floats.
@@ -27,10 +27,12 @@ _CUTE = dict(
 register(
     op="dense_gemm",
     name="cute.gemm",
-    run=lambda config, **kw: gemm_op.dense_gemm("cute", **kw, config=config),
+    forward=dg.gemm_forward,
+    backward=dg.gemm_backward,
+    layout={"*": "any"},  # copies into TMA-ready buffers itself where it must
     config_space=dg.CONFIG_SPACE,
     default_config=lambda call: dg.default_config(),
-    **gemm_op.strict_declaration(),
+    **strict_declaration(),
     summary=(
         "warp-specialised TMA + WGMMA GEMM (SM90), K in 256-element float32 partials promoted "
         "in registers, no split-K, bias in float32; backward by the same kernel"

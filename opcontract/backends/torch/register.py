@@ -2,24 +2,52 @@
 
 from __future__ import annotations
 
-import functools
+import torch
 
-from opcontract.backends import gemm_op, norm_op, swiglu_op
+from opcontract.backends.dense_gemm import strict_declaration
 from opcontract.backends.registry import register
 from opcontract.backends.torch import dense_gemm as dg
+from opcontract.backends.torch import fused_add_rms_norm as fan
 from opcontract.backends.torch import linear_cross_entropy as lce
+from opcontract.backends.torch import normalized_embedding as emb
+from opcontract.backends.torch import rms_norm as rn
 from opcontract.backends.torch import softcap_logprob as slp
+from opcontract.backends.torch import swiglu as sw
+from opcontract.contracts import get_contract
 from opcontract.contracts.schema import ReductionPlan
 
 _FLOATS = ("bfloat16", "float16", "float32")
 
 
-def _call(fn):
-    return lambda config, **kw: fn(**kw)
-
-
 def _plan(**kw) -> ReductionPlan:
     return ReductionPlan(accumulate="float32", **kw)
+
+
+def _recomputed(op: str, forward):
+    """A backward for stock code: its forward recomputed under autograd from the saved
+    inputs, differentiated by torch (in whatever order torch's kernels take)."""
+    c = get_contract(op)
+    diff = [n for n, o in c.outputs.items() if o.differentiable]
+
+    def backward(config, saved, grads, needs, **params):
+        leaves = {
+            n: (t.detach().requires_grad_(bool(needs.get(n))) if t is not None else None)
+            for n, t in saved.items()
+            if n in c.inputs
+        }
+        with torch.enable_grad():
+            out = dict(zip(c.outputs, forward(config, **leaves, **params), strict=False))
+            pairs = [
+                (out[n], grads[n]) for n in diff if grads[n] is not None and out[n] is not None
+            ]
+            wrt = [n for n in c.grads if needs.get(n) and leaves.get(n) is not None]
+            got = torch.autograd.grad(
+                [o for o, _ in pairs], [leaves[n] for n in wrt], [g for _, g in pairs],
+                allow_unused=True,
+            )  # fmt: skip
+        return dict(zip(wrt, got, strict=True))
+
+    return backward
 
 
 # The strict LM head's reductions, shared by softcap_logprob and linear_cross_entropy.
@@ -51,6 +79,11 @@ _EAGER = dict(
     priority={"cpu": 1, "cuda": 1},
 )
 
+
+def _stock(fn):
+    return lambda config, **kw: fn(**kw)
+
+
 _SLP_PLAN = {
     **_HEAD_PLAN,
     "vocab_entropy": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale"),
@@ -58,7 +91,8 @@ _SLP_PLAN = {
 register(
     op="softcap_logprob",
     name="torch.strict",
-    run=_call(slp.strict_forward),
+    forward=slp.forward,
+    backward=slp.backward,
     plan=_SLP_PLAN,
     summary="portable strict path: elementwise float32 ops in the contract's order",
     **_STRICT,
@@ -66,7 +100,8 @@ register(
 register(
     op="softcap_logprob",
     name="torch.eager",
-    run=_call(slp.eager_forward),
+    forward=_stock(slp.eager_forward),
+    backward=_recomputed("softcap_logprob", _stock(slp.eager_forward)),
     plan={name: _LIBRARY for name in _SLP_PLAN},
     summary="stock eager torch (cuBLAS/CPU BLAS); not batch-invariant",
     **_EAGER,
@@ -80,7 +115,8 @@ _LCE_PLAN = {
 register(
     op="linear_cross_entropy",
     name="torch.strict_ce",
-    run=_call(lce.strict),
+    forward=lce.forward,
+    backward=lce.backward,
     plan=_LCE_PLAN,
     summary="the strict torch head, reduced over tokens by a fixed pairwise tree",
     **_STRICT,
@@ -88,7 +124,8 @@ register(
 register(
     op="linear_cross_entropy",
     name="torch.eager_ce",
-    run=_call(lce.eager),
+    forward=_stock(lce.eager),
+    backward=_recomputed("linear_cross_entropy", _stock(lce.eager)),
     plan={name: _LIBRARY for name in _LCE_PLAN},
     summary="stock torch cross_entropy on library-GEMM logits",
     **_EAGER,
@@ -97,13 +134,14 @@ register(
 _NORM_PLAN = {
     "row_square": _plan(block=1, order="tree"),
     "row_dot": _plan(block=1, order="tree"),
-    "dweight_t": _plan(block=64, split="none"),
+    "dweight_t": _plan(block=rn.DW_ROWS, split="none"),
 }
 _NORM_GRADS = {"x": ("run_to_run", "batch"), "weight": ("run_to_run",)}
 register(
     op="rms_norm",
     name="torch.strict_norm",
-    run=_call(functools.partial(norm_op.rms_norm, "torch")),
+    forward=rn.forward,
+    backward=rn.backward,
     plan=_NORM_PLAN,
     summary="elementwise float32 ops, pairwise-tree row sums",
     **{**_STRICT, "grad_invariances": _NORM_GRADS},
@@ -111,7 +149,8 @@ register(
 register(
     op="fused_add_rms_norm",
     name="torch.strict_add_norm",
-    run=_call(functools.partial(norm_op.fused_add_rms_norm, "torch")),
+    forward=fan.forward,
+    backward=fan.backward,
     plan=_NORM_PLAN,
     summary="float32 sum rounded once, then the strict RMSNorm",
     **{**_STRICT, "grad_invariances": {**_NORM_GRADS, "residual": ("run_to_run", "batch")}},
@@ -120,7 +159,8 @@ register(
 register(
     op="swiglu",
     name="torch.strict_swiglu",
-    run=_call(functools.partial(swiglu_op.swiglu, "torch")),
+    forward=sw.forward,
+    backward=sw.backward,
     plan={},
     summary="elementwise float32, one cast",
     **{
@@ -132,7 +172,8 @@ register(
 register(
     op="normalized_embedding",
     name="torch.strict_embedding",
-    run=_call(functools.partial(norm_op.normalized_embedding, "torch")),
+    forward=emb.forward,
+    backward=emb.backward,
     plan={
         "row_square": _plan(block=1, order="tree"),
         "row_dot": _plan(block=1, order="tree"),
@@ -142,18 +183,20 @@ register(
     **{**_STRICT, "grad_invariances": {"table": ("run_to_run",)}},
 )
 
-_GEMM = gemm_op.strict_declaration()
+_GEMM = strict_declaration()
 register(
     op="dense_gemm",
     name="torch.strict_gemm",
-    run=_call(functools.partial(gemm_op.dense_gemm, "torch")),
+    forward=dg.forward,
+    backward=dg.backward,
     summary="elementwise float32, 256-element promoted partials",
     **{**_STRICT, **_GEMM},
 )
 register(
     op="dense_gemm",
     name="torch.cublas",
-    run=_call(dg.cublas_forward),
+    forward=_stock(dg.cublas_forward),
+    backward=_recomputed("dense_gemm", _stock(dg.cublas_forward)),
     plan={name: _LIBRARY for name in _GEMM["plan"]},
     summary="stock F.linear (cuBLAS / CPU BLAS): not batch-invariant",
     **{

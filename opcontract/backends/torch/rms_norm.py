@@ -1,15 +1,20 @@
-"""RMSNorm and fused add + RMSNorm in plain torch: float64 oracles and the strict path.
+"""RMSNorm in plain torch: the float64 oracle and the strict path (which fused add +
+RMSNorm and the normalized embedding reuse).
 
 The strict path uses elementwise IEEE operations only: row sums are a fixed pairwise tree
-over the row zero-padded to a power of two; the weight gradient sums rows one at a time
-in blocks of ``DW_ROWS``, blocks added in ascending order.
+over the row zero-padded to a power of two (``fixed_order.tree_sum``); the weight gradient
+sums rows one at a time in blocks of ``DW_ROWS`` (the contract's dweight_t block), blocks
+added in ascending order.
 """
 
 from __future__ import annotations
 
 import torch
 
-DW_ROWS = 64
+from opcontract.backends.fixed_order import tree_sum
+from opcontract.contracts import get_contract
+
+DW_ROWS = get_contract("rms_norm").reductions["dweight_t"].block
 VARIANTS = ("plain", "centred", "weightless")
 
 
@@ -25,33 +30,6 @@ def rms_norm_reference(x, weight=None, *, variant="plain", eps=1e-6):
     y = x64 * torch.rsqrt((x64 * x64).mean(dim=-1, keepdim=True) + eps)
     s = _scale64(weight, variant)
     return y if s is None else y * s
-
-
-def fused_add_rms_norm_reference(x, residual, weight=None, *, variant="plain", eps=1e-6):
-    from opcontract.outputs import AddNormOutput
-
-    total = x.double() + residual.double()
-    return AddNormOutput(rms_norm_reference(total, weight, variant=variant, eps=eps), total)
-
-
-def normalized_embedding_reference(ids, table, *, eps=1e-5, return_raw=False):
-    from opcontract.outputs import EmbeddingOutput
-
-    raw = table.double()[ids.long()]
-    y = rms_norm_reference(raw, variant="weightless", eps=eps)
-    return EmbeddingOutput(y, raw) if return_raw else y
-
-
-def tree_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dim by a fixed halving tree over zeros-padded 2**k entries."""
-    n = x.shape[-1]
-    size = 1 << max(n - 1, 0).bit_length()
-    if size > n:
-        x = torch.cat([x, x.new_zeros(*x.shape[:-1], size - n)], dim=-1)
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = x[..., :half] + x[..., half:]
-    return x[..., 0]
 
 
 def _scale32(weight, variant):
@@ -98,18 +76,12 @@ def strict_backward(dy, d_residual_out, x_in, weight, rstd, variant, dx_dtype=No
     return dx.to(dx_dtype or x_in.dtype), dw
 
 
-def embedding_forward(ids, table, eps, want_raw=True):
-    """(y, raw, rstd); raw is [0, H] unless ``want_raw``."""
-    raw = table[ids.long()]
-    y, _, rstd = strict_forward(raw, None, None, "weightless", eps)
-    return y, (raw if want_raw else raw[:0].clone()), rstd
+def forward(config, x, weight, *, variant, eps):
+    """(y, rstd)."""
+    y, _, rstd = strict_forward(x, weight, None, variant, eps)
+    return y, rstd
 
 
-def embedding_backward(dy, d_raw, ids, table, rstd):
-    """dtable: token gradients in float32, summed per table row in ascending token order."""
-    raw = table[ids.long()]
-    dx, _ = strict_backward(dy, d_raw, raw, None, rstd, "weightless", dx_dtype=torch.float32)
-    dtable = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
-    for t, v in enumerate(ids.long().tolist()):  # dtable_t: ascending tokens
-        dtable[v] = dtable[v] + dx[t]
-    return dtable.to(table.dtype)
+def backward(config, saved, grads, needs, *, variant, eps):
+    dx, dw = strict_backward(grads["y"], None, saved["x"], saved["weight"], saved["rstd"], variant)
+    return {"x": dx, "weight": dw}

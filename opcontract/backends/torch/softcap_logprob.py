@@ -20,24 +20,43 @@ versions depend on an element's position in the tensor.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from opcontract.backends import lm_head_op
+from opcontract.backends.fixed_order import tree_sum
 from opcontract.backends.torch import elementwise as ew
-from opcontract.outputs import LogprobOutput
+from opcontract.contracts import get_contract
 
-VOCAB_BLOCK = 128
-GRAD_CHUNK = 4096
+_C = get_contract("softcap_logprob")
+VOCAB_BLOCK = _C.reductions["vocab_lse"].block
+GRAD_CHUNK = _C.reductions["grad_hidden_v"].block
 
 
 def _result(logprob, entropy, predicted, return_entropy, return_predicted):
     if not (return_entropy or return_predicted):
         return logprob
+    from opcontract.outputs import LogprobOutput
+
     return LogprobOutput(
         logprob, entropy if return_entropy else None, predicted if return_predicted else None
     )
+
+
+def logits64(hidden, weight, multiplier: float = 1.0, softcap: float | None = None):
+    """The float64 oracle's [T, V] logits z."""
+    y = (hidden.double() @ weight.double().T) * multiplier
+    return y if softcap is None else softcap * torch.tanh(y / softcap)
+
+
+def argmax_is_ambiguous(hidden, weight, *, multiplier=1.0, softcap=None, **_) -> bool:
+    """Whether some row's two largest float64 logits lie within float32 rounding of each other
+    (the contract's argmax is over float32 z, lowest index among ties: the float64 oracle
+    cannot arbitrate those rows)."""
+    z = logits64(hidden, weight, multiplier, softcap)
+    if z.shape[-1] < 2 or z.numel() == 0:
+        return False
+    top = z.topk(2, dim=-1).values
+    gap = (top[..., 0] - top[..., 1]).abs()
+    return bool((gap <= 1e-5 * top[..., 0].abs().clamp(min=1.0)).any() | ~torch.isfinite(top).all())
 
 
 def reference(
@@ -52,9 +71,7 @@ def reference(
     return_predicted: bool = False,
 ):
     """Float64 oracle of the contract's math (differentiable). Float64 [T] outputs."""
-    h = hidden.double()
-    y = (h @ weight.double().T) * multiplier
-    z = y if softcap is None else softcap * torch.tanh(y / softcap)
+    z = logits64(hidden, weight, multiplier, softcap)
     t = targets.long()
     keep = t != ignore_index
     lse = torch.logsumexp(z, dim=1)
@@ -63,14 +80,6 @@ def reference(
     entropy = lse - (torch.softmax(z, dim=1) * z).sum(1) if return_entropy else None
     predicted = z.argmax(dim=1) if return_predicted else None
     return _result(logprob, entropy, predicted, return_entropy, return_predicted)
-
-
-def _pairwise_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dim (a power of two) by a fixed halving tree of elementwise adds."""
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = x[..., :half] + x[..., half:]
-    return x[..., 0]
 
 
 def _block_logits(
@@ -116,8 +125,8 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
         z = torch.where(valid, z, float("-inf"))
         m_b = z.max(dim=1).values
         e = ew.exp(z - m_b[:, None])
-        s_b = _pairwise_sum(e)
-        w_b = _pairwise_sum(torch.where(valid, e * z, 0.0))
+        s_b = tree_sum(e)
+        w_b = tree_sum(torch.where(valid, e * z, 0.0))
         new_max = torch.maximum(run_max, m_b)
         old_scale, b_scale = ew.exp(run_max - new_max), ew.exp(m_b - new_max)
         run_sum = run_sum * old_scale + s_b * b_scale
@@ -126,7 +135,7 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
         first = (z == m_b[:, None]).int().argmax(dim=1) + v0
         arg_idx = torch.where(m_b > arg_max, first, arg_idx)
         arg_max = torch.maximum(arg_max, m_b)
-        z_total = z_total + _pairwise_sum(torch.where(valid, z, 0.0))  # vocab_zsum
+        z_total = z_total + tree_sum(torch.where(valid, z, 0.0))  # vocab_zsum
         hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
         zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
         z_target = torch.where(hit, zt, z_target)
@@ -192,34 +201,55 @@ def strict_backward(
     )
 
 
-# Differentiable (logprob, entropy | None, predicted | None, smooth | None), through the
-# ``opcontract::lm_head`` custom op (opaque to torch.compile).
-head = functools.partial(lm_head_op.head, "torch")
-
-
-def strict_forward(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
+def forward(
+    config,
+    hidden,
+    weight,
+    targets,
     *,
-    multiplier: float = 1.0,
-    softcap: float | None = None,
-    ignore_index: int = -100,
-    return_entropy: bool = False,
-    return_predicted: bool = False,
+    multiplier,
+    softcap,
+    ignore_index,
+    return_entropy,
+    return_predicted,
 ):
-    """The contract's math in the contract's order, on any torch device; differentiable."""
-    logprob, entropy, predicted, _ = head(
-        hidden,
-        weight,
-        targets,
-        multiplier=multiplier,
-        softcap=softcap,
-        ignore_index=ignore_index,
-        entropy=return_entropy,
-        argmax=return_predicted,
+    """(logprob, entropy, predicted, lse, mean_z) in the contract's order; None where not
+    asked for."""
+    lp, ent, pred, lse, mean_z, _ = strict_forward_all(
+        hidden, weight, targets, multiplier, softcap, ignore_index
     )
-    return _result(logprob, entropy, predicted, return_entropy, return_predicted)
+    return (
+        lp,
+        ent if return_entropy else None,
+        pred if return_predicted else None,
+        lse,
+        mean_z if return_entropy else None,
+    )
+
+
+def backward(
+    config,
+    saved,
+    grads,
+    needs,
+    *,
+    multiplier,
+    softcap,
+    ignore_index,
+    return_entropy,
+    return_predicted,
+):
+    """{hidden, weight}: the contract's backward, in the contract's order."""
+    g_lp, g_ent = grads["logprob"], grads["entropy"] if return_entropy else None
+    lse = saved["lse"]
+    gh, gw = strict_backward(
+        saved["hidden"], saved["weight"], saved["targets"], lse,
+        saved["mean_z"] if g_ent is not None else None,
+        g_lp if g_lp is not None else torch.zeros_like(lse), g_ent, None,
+        multiplier, softcap, ignore_index,
+        need_hidden=needs["hidden"], need_weight=needs["weight"],
+    )  # fmt: skip
+    return {"hidden": gh, "weight": gw}
 
 
 def eager_forward(
@@ -242,4 +272,4 @@ def eager_forward(
     logp = torch.where(keep, logp_all.gather(1, torch.where(keep, t, 0)[:, None])[:, 0], 0.0)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if return_entropy else None
     predicted = z.argmax(-1) if return_predicted else None
-    return _result(logp, entropy, predicted, return_entropy, return_predicted)
+    return logp, entropy, predicted, torch.logsumexp(z, dim=-1), None

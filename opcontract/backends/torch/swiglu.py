@@ -36,3 +36,12 @@ def strict_backward(dy, gate, up):
     if up is None:
         return torch.cat([dg, du], dim=-1), None
     return dg, du
+
+
+def forward(config, gate, up, *, layout):
+    return (strict_forward(gate, up),)
+
+
+def backward(config, saved, grads, needs, *, layout):
+    dg, du = strict_backward(grads["y"], saved["gate"], saved["up"])
+    return {"gate": dg, "up": du}

@@ -6,8 +6,8 @@ import functools
 
 import torch
 
-from opcontract.backends.gemm_op import K_BLOCK  # the contract's gemm_k block
-from opcontract.backends.torch.linear_cross_entropy import pairwise_sum
+from opcontract.backends.dense_gemm import K_BLOCK  # the contract's gemm_k block
+from opcontract.backends.fixed_order import pairwise_sum
 from opcontract.backends.triton import interpreting
 from opcontract.backends.triton.launch import launch
 
@@ -74,9 +74,9 @@ def fuse_sum(device: torch.device, weight_bytes: int) -> bool:
 
 @functools.cache
 def _kernels():
-    from opcontract.backends.triton import gemm_kernels
+    from opcontract.backends.triton import dense_gemm_kernels
 
-    return gemm_kernels
+    return dense_gemm_kernels
 
 
 def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
@@ -173,3 +173,13 @@ def backward(dy, x, weight, has_bias, config=None):
     if has_bias:  # grad_bias_m: a fixed pairwise tree over rows
         db = pairwise_sum(dy.float()).to(weight.dtype, copy=True)
     return dx, dw, db
+
+
+def gemm_forward(config, x, weight, bias):
+    return (forward(x, weight, bias, config),)
+
+
+def gemm_backward(config, saved, grads, needs, **params):
+    dx, dw, db = backward(grads["y"], saved["x"], saved["weight"], saved["bias"] is not None,
+                          config)  # fmt: skip
+    return {"x": dx, "weight": dw, "bias": db}

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-import functools
-
-from opcontract.backends.torch.linear_cross_entropy import loss_from_head
+from opcontract.backends import linear_cross_entropy as lce
 from opcontract.backends.triton import softcap_logprob as slp
 
 
-def fused(hidden, weight, targets, *, config=None, **params):
-    return loss_from_head(
-        functools.partial(slp.head, config=config), hidden, weight, targets, **params
-    )
+# fmt: off
+def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index, reduction,
+            label_smoothing, return_token_accuracy):
+    """(loss, token_accuracy, lse)."""
+    r = slp.forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
+                        ignore_index=ignore_index, argmax=return_token_accuracy,
+                        zsum=label_smoothing > 0, config=config)
+    loss, acc = lce.loss_and_accuracy(r.logprob, r.smooth, r.predicted, targets,
+                                      ignore_index=ignore_index, reduction=reduction,
+                                      label_smoothing=label_smoothing)
+    return loss, acc, r.lse
+
+
+def backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index, reduction,
+             label_smoothing, return_token_accuracy):
+    g_lp, g_sm = lce.head_grads(grads["loss"], saved["targets"], ignore_index=ignore_index,
+                                reduction=reduction, label_smoothing=label_smoothing)
+    return slp.head_backward(saved, g_lp, None, g_sm, needs, multiplier=multiplier,
+                             softcap=softcap, ignore_index=ignore_index)
+# fmt: on

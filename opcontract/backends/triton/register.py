@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from opcontract.backends import gemm_op, norm_op, swiglu_op
+from opcontract.backends.dense_gemm import strict_declaration
 from opcontract.backends.registry import register
 from opcontract.backends.triton import dense_gemm as dg
 from opcontract.backends.triton import device_reason, missing_library
+from opcontract.backends.triton import fused_add_rms_norm as fan
 from opcontract.backends.triton import linear_cross_entropy as lce
+from opcontract.backends.triton import normalized_embedding as emb
+from opcontract.backends.triton import rms_norm as rn
 from opcontract.backends.triton import softcap_logprob as slp
 from opcontract.backends.triton import swiglu as tsw
 from opcontract.contracts.schema import ReductionPlan
@@ -40,6 +43,7 @@ _HEAD_PLAN = {
 }
 _HEAD = dict(
     _TRITON,
+    layout={"*": "rows", "targets": "contiguous"},
     grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
     features=("approx_transcendentals",),
     config_space=slp.CONFIG_SPACE,
@@ -49,7 +53,8 @@ _HEAD = dict(
 register(
     op="softcap_logprob",
     name="triton.fused",
-    run=lambda config, **kw: slp.softcap_logprob_forward(**kw, config=config),
+    forward=slp.forward,
+    backward=slp.logprob_backward,
     plan={
         **_HEAD_PLAN,
         "vocab_entropy": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
@@ -61,7 +66,8 @@ register(
 register(
     op="linear_cross_entropy",
     name="triton.fused_ce",
-    run=lambda config, **kw: lce.fused(**kw, config=config),
+    forward=lce.forward,
+    backward=lce.backward,
     plan={
         **_HEAD_PLAN,
         "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
@@ -73,6 +79,7 @@ register(
 
 _NORM = dict(
     _TRITON,
+    layout={"*": "contiguous"},
     plan={
         "row_square": _plan(block=1, order="tree"),
         "row_dot": _plan(block=1, order="tree"),
@@ -83,7 +90,8 @@ _NORM_GRADS = {"x": ("run_to_run", "batch"), "weight": ("run_to_run",)}
 register(
     op="rms_norm",
     name="triton.norm",
-    run=lambda config, **kw: norm_op.rms_norm("triton", **kw),
+    forward=rn.forward,
+    backward=rn.backward,
     grad_invariances=_NORM_GRADS,
     summary="one program per row; weight gradient from ordered 64-row partials",
     **_NORM,
@@ -91,7 +99,8 @@ register(
 register(
     op="fused_add_rms_norm",
     name="triton.add_norm",
-    run=lambda config, **kw: norm_op.fused_add_rms_norm("triton", **kw),
+    forward=fan.forward,
+    backward=fan.backward,
     grad_invariances={**_NORM_GRADS, "residual": ("run_to_run", "batch")},
     summary="residual add and RMSNorm in one pass; ordered weight-gradient partials",
     **_NORM,
@@ -100,7 +109,9 @@ register(
 register(
     op="swiglu",
     name="triton.swiglu",
-    run=lambda config, **kw: swiglu_op.swiglu("triton", **kw, config=config),
+    forward=tsw.swiglu_forward,
+    backward=tsw.swiglu_backward,
+    layout={"*": "rows", "y": "contiguous"},
     config_space=tsw.CONFIG_SPACE,
     default_config=lambda call: dict(tsw.CONFIG),
     plan={},
@@ -113,7 +124,9 @@ register(
 register(
     op="normalized_embedding",
     name="triton.embedding",
-    run=lambda config, **kw: norm_op.normalized_embedding("triton", **kw),
+    forward=emb.forward,
+    backward=emb.backward,
+    layout={"*": "contiguous", "table": "rows"},
     plan={
         "row_square": _plan(block=1, order="tree"),
         "row_dot": _plan(block=1, order="tree"),
@@ -127,10 +140,12 @@ register(
 register(
     op="dense_gemm",
     name="triton.gemm",
-    run=lambda config, **kw: gemm_op.dense_gemm("triton", **kw, config=config),
+    forward=dg.gemm_forward,
+    backward=dg.gemm_backward,
+    layout={"*": "rows", "bias": "contiguous", "y": "contiguous"},
     config_space=dg.CONFIG_SPACE,
     default_config=lambda call: dg.default_config(),
-    **gemm_op.strict_declaration(),
+    **strict_declaration(),
     summary=(
         "tiled GEMM, K in 256-element promoted partials added in ascending order (by the "
         "K loop, or by a second pass over partials computed in parallel), no split-K, "

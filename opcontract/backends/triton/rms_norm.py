@@ -1,20 +1,21 @@
-"""Host code of the Triton RMSNorm kernels: shapes, buffers, grids."""
+"""Host code of the Triton RMSNorm kernels (plain, centred, weightless; the fused residual
+add reuses them): shapes, buffers, grids."""
 
 from __future__ import annotations
 
 import torch
 
-from opcontract.backends.torch.norms import DW_ROWS
+from opcontract.backends.torch.rms_norm import DW_ROWS
 from opcontract.backends.triton.launch import launch
 
 _VARIANT = {"plain": 0, "centred": 1, "weightless": 2}
 
 
-def _block_h(H: int) -> int:
+def row_block(H: int) -> int:
     return max(16, 1 << max(H - 1, 0).bit_length())
 
 
-def _warps(block_h: int) -> int:
+def row_warps(block_h: int) -> int:
     """The forward's warps: with BLOCK_H they fix the row's reduction tree (row_square)."""
     return 4 if block_h <= 2048 else 8 if block_h <= 8192 else 16
 
@@ -37,9 +38,9 @@ def _bwd_stages(block_h: int, elem_bytes: int) -> int:
     return max(1, min(4, (128 << 10) // (2 * block_h * elem_bytes)))
 
 
-def forward(x, weight, residual, variant, eps):
+def norm_forward(x, weight, residual, variant, eps):
     """(y, residual_out | None, rstd)."""
-    from opcontract.backends.triton import norms_kernels as k
+    from opcontract.backends.triton import rms_norm_kernels as k
 
     x = x.contiguous()
     T, H = x.shape
@@ -47,14 +48,14 @@ def forward(x, weight, residual, variant, eps):
     rout = torch.empty_like(x) if residual is not None else None
     rstd = torch.empty(T, dtype=torch.float32, device=x.device)
     if T:
-        bh = _block_h(H)
+        bh = row_block(H)
         w = weight if weight is not None else x
         scalars = (H, x.stride(0), float(eps))
         meta = dict(
             VARIANT=_VARIANT[variant],
             BLOCK_H=bh,
             W_FIRST=T <= W_FIRST_MAX_T,
-            num_warps=_warps(bh),
+            num_warps=row_warps(bh),
         )
         if residual is None:
             launch(k._rms_fwd_kernel, (T,), x, w, y, rstd, *scalars, **meta)
@@ -64,9 +65,9 @@ def forward(x, weight, residual, variant, eps):
     return y, rout, rstd
 
 
-def backward(dy, d_residual_out, x_in, weight, rstd, variant):
+def norm_backward(dy, d_residual_out, x_in, weight, rstd, variant):
     """(dx, dweight | None)."""
-    from opcontract.backends.triton import norms_kernels as k
+    from opcontract.backends.triton import rms_norm_kernels as k
 
     T, H = x_in.shape
     dy = dy.contiguous()
@@ -78,7 +79,7 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
     dw = (torch.zeros_like(weight) if T == 0 else torch.empty_like(weight)) if has_w else None
     if T == 0:
         return dx, dw
-    bh = _block_h(H)
+    bh = row_block(H)
     launch(
         k._rms_bwd_kernel,
         (n_parts,),
@@ -97,7 +98,7 @@ def backward(dy, d_residual_out, x_in, weight, rstd, variant):
         ROWS=DW_ROWS,
         BLOCK_H=bh,
         STAGES=_bwd_stages(bh, x_in.element_size()),
-        num_warps=_warps(bh),  # with BLOCK_H, row_dot's tree
+        num_warps=row_warps(bh),  # with BLOCK_H, row_dot's tree
     )
     if has_w:
         sum_partials(parts, n_parts, dw)
@@ -111,7 +112,7 @@ PARTIALS_UNROLL = 16  # partials whose loads are issued together
 def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
     """out[h] = (((0 + parts[0, h]) + parts[1, h]) + ...), rounded once to out's dtype: the
     GEMM's plane sum over n_parts planes of H, without bias."""
-    from opcontract.backends.triton import gemm_kernels as gk
+    from opcontract.backends.triton import dense_gemm_kernels as gk
 
     H = out.shape[0]
     launch(
@@ -121,77 +122,12 @@ def sum_partials(parts: torch.Tensor, n_parts: int, out: torch.Tensor) -> None:
     )  # fmt: skip
 
 
-# table rows per program of the embedding backward (whole rows). H200, V = 202048,
-# H = 6656, graph replay, T = 8192 / 32768: 8 / 16 / 32 rows took 0.881 / 0.869 / 0.889 ms
-# and 1.268 / 1.243 / 1.263 ms; a memset of the table alone takes 0.79 ms. Loading each
-# program's row ranges and first tokens up front took 0.98-1.02 / 1.38-1.41 ms, and was
-# removed (benchmarks/results/norm_kernels_explore_h200.json at 72d0f87)
-EMBED_ROWS = 16
+def forward(config, x, weight, *, variant, eps):
+    """(y, rstd)."""
+    y, _, rstd = norm_forward(x, weight, None, variant, eps)
+    return y, rstd
 
 
-def embedding_forward(ids, table, eps, want_raw=True):
-    """(y, raw, rstd); raw is [0, H] (never written) unless ``want_raw``."""
-    from opcontract.backends.triton import norms_kernels as k
-
-    T, H = ids.shape[0], table.shape[1]
-    table = table if table.stride(-1) == 1 else table.contiguous()
-    y = torch.empty((T, H), dtype=table.dtype, device=table.device)
-    raw = torch.empty((T if want_raw else 0, H), dtype=table.dtype, device=table.device)
-    rstd = torch.empty(T, dtype=torch.float32, device=table.device)
-    if T:
-        bh = _block_h(H)
-        launch(
-            k._embed_fwd_kernel,
-            (T,),
-            ids.contiguous(),
-            table,
-            y,
-            raw if want_raw else y,
-            rstd,
-            H,
-            table.stride(0),
-            float(eps),
-            RAW=want_raw,
-            BLOCK_H=bh,
-            num_warps=_warps(bh),
-        )
-    return y, raw, rstd
-
-
-def embedding_backward(dy, d_raw, ids, table, rstd):
-    """dtable: per table row, its tokens' float32 gradients summed in ascending token order,
-    rounded once; rows no token used are zeros. No host sync (the pass can be captured in a
-    CUDA graph) and no [T, H] intermediate: one pass over the table, whole rows.
-    """
-    from opcontract.backends.triton import norms_kernels as k
-
-    V, H = table.shape
-    table = table if table.stride(-1) == 1 else table.contiguous()
-    dtable = torch.empty((V, H), dtype=table.dtype, device=table.device)
-    if V == 0 or H == 0:
-        return dtable
-    # ids are in [0, V) (validated) and V < 2**31: int32 keys sort in half the passes
-    ids32 = ids.to(torch.int32)
-    order = torch.argsort(ids32, stable=True)  # each id's tokens stay in ascending order
-    rows = torch.arange(V, device=ids.device, dtype=torch.int32)
-    ends = torch.searchsorted(ids32[order], rows, right=True)  # row v: [ends[v - 1], ends[v])
-    bh = _block_h(H)
-    launch(
-        k._embed_bwd_kernel,
-        (-(-V // EMBED_ROWS),),
-        dy.contiguous(),
-        d_raw.contiguous() if d_raw is not None else dy,
-        order,
-        ends,
-        table,
-        rstd,
-        dtable,
-        V,
-        H,
-        table.stride(0),
-        HAS_DRAW=d_raw is not None,
-        ROWS=EMBED_ROWS,
-        BLOCK_H=bh,
-        num_warps=_warps(bh),  # with BLOCK_H, the forward's row tree
-    )
-    return dtable
+def backward(config, saved, grads, needs, *, variant, eps):
+    dx, dw = norm_backward(grads["y"], None, saved["x"], saved["weight"], saved["rstd"], variant)
+    return {"x": dx, "weight": dw}

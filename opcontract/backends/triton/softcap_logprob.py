@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
-from opcontract.backends import lm_head_op
 from opcontract.backends.triton import interpreting
 from opcontract.backends.triton.launch import launch
-from opcontract.outputs import LogprobOutput
+from opcontract.contracts import get_contract
 
-BLOCK_V = 128  # the contract's vocab_lse block: one partial per 128 columns
+_C = get_contract("softcap_logprob")
+BLOCK_V = _C.reductions["vocab_lse"].block  # one partial per 128 vocabulary columns
 # gemm_k, as declared in the plan: the tensor cores sum GEMM_K_BLOCK elements of H into a
 # fresh float32 partial, and partials are added in ascending order with IEEE float32 adds.
 # (The tensor cores' own accumulation truncates: left to run over all of H = 6656 its
@@ -49,7 +48,7 @@ CONFIG_SPACE = {
 # rejected it in every bucket (benchmarks/results/tuning_sweep_h200.json), never timed.
 # Backward: grad_hidden accumulates one vocabulary chunk at a time (the contract's
 # grad_hidden_v block); the gradient GEMMs promote every GEMM_K_BLOCK elements of K too.
-GRAD_CHUNK = 4096
+GRAD_CHUNK = _C.reductions["grad_hidden_v"].block
 GRAD_GEMM = {"block_m": 128, "block_n": 128, "group_m": 8, "num_warps": 8, "num_stages": 3}
 GRAD_GEMM_INTERPRETER = {"block_m": 32, "block_n": 64}
 
@@ -247,7 +246,7 @@ def forward_all(
 
 def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
     """c (+)= a @ b with the strides given as (row, col) pairs; the K loop ascending."""
-    from opcontract.backends.triton import gemm_kernels as k
+    from opcontract.backends.triton import dense_gemm_kernels as k
 
     cfg = dict(GRAD_GEMM, **(GRAD_GEMM_INTERPRETER if interpreting() else {}))
     block_k = BLOCK_K[_dtype(a)]
@@ -329,25 +328,40 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
     return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
 
 
-# Differentiable (logprob, entropy | None, predicted | None, smooth | None), through the
-# ``opcontract::lm_head`` custom op (opaque to torch.compile).
-head = functools.partial(lm_head_op.head, "triton")
+def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index,
+            return_entropy, return_predicted):
+    """(logprob, entropy, predicted, lse, mean_z) in the contract's order; None where not
+    asked for."""
+    r = forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
+                    ignore_index=ignore_index, entropy=return_entropy, argmax=return_predicted,
+                    config=config)
+    return r.logprob, r.entropy, r.predicted, r.lse, r.mean_z
 
 
-def softcap_logprob_forward(hidden, weight, targets, *, multiplier=1.0, softcap=None,
-                            ignore_index=-100, return_entropy=False, return_predicted=False,
-                            config=None, _pinned=None):
-    """Float32 [T] log-probabilities (a LogprobOutput when an optional output is asked for).
+def head_backward(saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier, softcap,
+                  ignore_index):
+    """{hidden, weight} of the head, for softcap_logprob's and linear_cross_entropy's grads."""
+    lse = saved["lse"]
+    gh, gw = backward(
+        saved["hidden"], saved["weight"], saved["targets"], lse,
+        saved.get("mean_z") if g_entropy is not None else None,
+        g_logprob if g_logprob is not None else torch.zeros_like(lse), g_entropy, g_smooth,
+        multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
+        need_hidden=needs["hidden"], need_weight=needs["weight"])
+    return {"hidden": gh, "weight": gw}
 
-    Differentiable in hidden and weight; ``_pinned`` (benchmarks only) runs without autograd.
-    """
-    kw = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
-              entropy=return_entropy, argmax=return_predicted, config=config)
-    if _pinned is not None:
-        lp, ent, pred = forward_all(hidden, weight, targets, **kw, _pinned=_pinned)[:3]
-    else:
-        lp, ent, pred, _ = head(hidden, weight, targets, **kw)
-    if not (return_entropy or return_predicted):
-        return lp
-    return LogprobOutput(lp, ent, pred)
+
+def logprob_backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index,
+                     return_entropy, return_predicted):
+    g_ent = grads["entropy"] if return_entropy else None
+    return head_backward(saved, grads["logprob"], g_ent, None, needs, multiplier=multiplier,
+                         softcap=softcap, ignore_index=ignore_index)
+
+
+def explore_forward(hidden, weight, targets, *, _pinned, multiplier=1.0, softcap=None,
+                    ignore_index=-100, config=None):
+    """Float32 [T] log-probabilities with contract-pinned blocks overridden (``_pinned``: see
+    forward_all): for benchmarks exploring other contracts only, never dispatched."""
+    return forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
+                       ignore_index=ignore_index, config=config, _pinned=_pinned).logprob
 # fmt: on

@@ -16,7 +16,7 @@ added to the running sum with an IEEE float32 add, in ascending order.
 
 Backward, per vocabulary chunk in ascending order: ``_grad_logits_kernel`` recomputes the
 chunk's logits (same tiles, same bits as the forward) and writes g = dlogprob/dacc in the
-input dtype; ``gemm_kernels._gemm_kernel`` then computes grad_weight[chunk] = g.T @ hidden
+input dtype; ``dense_gemm_kernels._gemm_kernel`` then computes grad_weight[chunk] = g.T @ hidden
 (the K loop over tokens, written once) and grad_hidden += g @ weight[chunk] (a float32
 buffer).
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from opcontract.backends.triton.gemm_kernels import _dot_block, _flush_at, _tile_coords
+from opcontract.backends.triton.dense_gemm_kernels import _dot_block, _flush_at, _tile_coords
 
 
 @triton.jit
@@ -38,8 +38,9 @@ def _tanh(x):
     # float32 tanh without libdevice (the interpreter lacks it). |x| < 0.625: odd minimax
     # polynomial (Cephes tanhf); else 1 - 2/(exp(2|x|) + 1) with the sign restored, the
     # division the hardware's approximate one (<= 2 ulp; IEEE division costs ~10x more).
-    # |x| is clamped at 15, where tanh already rounds to 1 in float32.
-    ax = tl.minimum(tl.abs(x), 15.0)
+    # |x| is clamped at 15, where tanh already rounds to 1 in float32; NaN stays NaN (the
+    # float64 math's tanh(NaN)), so a NaN logit is never capped to a finite one.
+    ax = tl.minimum(tl.abs(x), 15.0, propagate_nan=tl.PropagateNan.ALL)
     x2 = x * x
     p = x2 * -5.70498872745e-3 + 2.06390887954e-2
     p = p * x2 - 5.37397155531e-2

@@ -78,3 +78,12 @@ def backward(dy, gate, up, config=None):
             num_warps=warps,
         )
     return (d, None) if up is None else (dg, du)
+
+
+def swiglu_forward(config, gate, up, *, layout):
+    return (forward(gate, up, config),)
+
+
+def swiglu_backward(config, saved, grads, needs, *, layout):
+    dg, du = backward(grads["y"], saved["gate"], saved["up"], config)
+    return {"gate": dg, "up": du}

@@ -1,0 +1,31 @@
+"""dense_gemm's declaration that every backend's strict implementation shares: K (and N, M
+in the backward) in the contract's 256-element float32 partials added in ascending order,
+the bias gradient by a fixed pairwise tree."""
+
+from __future__ import annotations
+
+from opcontract.contracts import get_contract
+from opcontract.contracts.schema import ReductionPlan
+
+K_BLOCK = get_contract("dense_gemm").reductions["gemm_k"].block
+
+
+def strict_declaration() -> dict:
+    """The ``plan`` and ``grad_invariances`` of a strict dense_gemm implementation."""
+
+    def plan(**kw) -> ReductionPlan:
+        return ReductionPlan(accumulate="float32", **kw)
+
+    return dict(
+        plan={
+            "gemm_k": plan(block=K_BLOCK),
+            "grad_x_n": plan(block=K_BLOCK),
+            "grad_weight_m": plan(block=K_BLOCK),
+            "grad_bias_m": plan(block=1, order="pairwise"),
+        },
+        grad_invariances={
+            "x": ("run_to_run", "batch"),
+            "weight": ("run_to_run",),
+            "bias": ("run_to_run",),
+        },
+    )

@@ -1,0 +1,24 @@
+"""Host code of the Triton fused residual add + RMSNorm: the sum rounded once, then the
+RMSNorm kernels (the add-norm forward kernel, the shared backward)."""
+
+from __future__ import annotations
+
+import torch
+
+from opcontract.backends.triton.rms_norm import norm_backward, norm_forward
+
+
+def forward(config, x, residual, weight, *, variant, eps):
+    """(y, residual_out, rstd)."""
+    return norm_forward(x, weight, residual, variant, eps)
+
+
+def backward(config, saved, grads, needs, *, variant, eps):
+    """The residual's gradient is x's: both enter the sum alike."""
+    rout = saved["residual_out"]
+    dy = grads["y"] if grads["y"] is not None else torch.zeros_like(rout)
+    dres = grads["residual_out"]
+    if dres is not None and not dres.numel():
+        dres = None
+    dx, dw = norm_backward(dy, dres, rout, saved["weight"], saved["rstd"], variant)
+    return {"x": dx, "residual": dx, "weight": dw}
