@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opcontract.backends.registry import declaration_problems, implementations
+from opcontract.cli import add_version, entry_point
 from opcontract.contracts.loader import load_contract_file, shipped_contract_paths
 from opcontract.contracts.schema import Contract
 from opcontract.errors import ContractFileError
@@ -136,8 +137,10 @@ def conformance(contracts: dict[str, Contract], device: str, only: str | None) -
     return problems
 
 
+@entry_point("contract-lint")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="contract-lint", description=__doc__.split("\n")[0])
+    add_version(ap)
     ap.add_argument("paths", nargs="*", help="contract files or folders (default: shipped)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--conformance", action="store_true", help="also run the conformance kit")

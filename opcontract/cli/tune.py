@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from opcontract.cli import add_version, entry_point
 from opcontract.tuning.db import USER_TABLES, TuningDB, table_paths
 
 
@@ -133,8 +134,10 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@entry_point("opcontract-tune")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="opcontract-tune", description=__doc__.split("\n")[0])
+    add_version(ap)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sw = sub.add_parser("sweep", help="run a sweep file")
     sw.add_argument("sweep")
