@@ -200,6 +200,8 @@ def test_sweep_writes_a_verified_table_that_dispatch_uses(tmp_path, monkeypatch,
     assert "verified 0 of 0 entries" in capsys.readouterr().out
     assert main([*verify_only, "--only", "triton.fused"]) == 0
     assert "verified 1 of 1 entries" in capsys.readouterr().out
+    assert main([*verify_only, "--only", "nosuch"]) == 2
+    assert "unknown op or implementation 'nosuch'; known ops: " in capsys.readouterr().err
     entry = json.loads(table.read_text())["entries"][0]  # the resumed study may improve it
     monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
     h, w, t = head_inputs(T=3, H=32, V=300)
@@ -276,8 +278,13 @@ def test_only_filters_studies_and_unknown_filter_exits_1(tmp_path, capsys):
     assert main([*args, "--only", "dense_gemm"]) == 0
     out = capsys.readouterr().out
     assert "dense_gemm" in out and "softcap_logprob" not in out
-    assert main([*args, "--only", "no_such_op"]) == 1
+    assert main([*args, "--only", "swiglu"]) == 1  # an op, but none of the sweep's
     assert "matches no op" in capsys.readouterr().err
+    assert main([*args, "--only", "dense_gemm,no_such_op"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown op or implementation 'no_such_op'; known ops: dense_gemm," in err
+    assert "known implementations: " in err and "triton.gemm" in err
+    assert not table.exists() or "no_such_op" not in table.read_text()
 
 
 def test_each_shape_has_its_own_study(tmp_path):

@@ -1,8 +1,9 @@
-"""What the command-line tools share: ``--version`` and a quiet exit when stdout's reader
-goes away (``tool | head -1``).
+"""What the command-line tools share: ``--version``, a quiet exit when stdout's reader
+goes away (``tool | head -1``), and usage errors that list the known names.
 
 Each tool's ``main`` is wrapped by :func:`entry_point`, which exits 141 (128 + SIGPIPE, as
-a shell reports a tool ended by a closed pipe) for a closed stdout.
+a shell reports a tool ended by a closed pipe) for a closed stdout, and 2 with the message
+for a :class:`UsageError`.
 """
 
 from __future__ import annotations
@@ -12,15 +13,29 @@ import functools
 import os
 import select
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import opcontract
 
+EXIT_USAGE = 2
 EXIT_CLOSED_PIPE = 141
+
+
+class UsageError(Exception):
+    """A command line that names something that doesn't exist."""
 
 
 def add_version(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--version", action="version", version=f"opcontract {opcontract.__version__}")
+
+
+def unknown(name: str, known: dict[str, Iterable[str]]) -> UsageError:
+    """``unknown op 'x'; known ops: a, b`` (two kinds: ``unknown op or implementation 'x';
+    known ops: ...; known implementations: ...``)."""
+    lists = "; ".join(
+        f"known {kind}s: {', '.join(sorted(names)) or '(none)'}" for kind, names in known.items()
+    )
+    return UsageError(f"unknown {' or '.join(known)} {name!r}; {lists}")
 
 
 def _stdout_reader_gone() -> bool:
@@ -73,6 +88,10 @@ def entry_point(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]
             except SystemExit:  # argparse's --help, --version and usage errors
                 _flush()
                 raise
+            except UsageError as e:
+                _flush()
+                print(f"{prog}: {e}", file=sys.stderr)
+                return EXIT_USAGE
             # a reader gone shows here (what is still buffered), not at interpreter exit
             return code if _flush() else EXIT_CLOSED_PIPE
 

@@ -6,7 +6,8 @@
     opcontract-tune verify [--table TABLE.json] [--only OP,...] [--no-progress]
 
 Exit 0 on success, 1 with a message on a bad sweep file, an unwritable storage or table,
-or an entry that no longer verifies.
+or an entry that no longer verifies; 2 for an unknown name in --only (the message lists the
+known ops and implementations).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from opcontract.cli import add_version, entry_point
+from opcontract.cli import UsageError, add_version, entry_point, unknown
 from opcontract.tuning.db import USER_TABLES, TuningDB, table_paths
 
 
@@ -33,9 +34,27 @@ def _report(r) -> None:
     )
 
 
+def _only(text: str | None) -> set[str] | None:
+    """The names of ``--only``, each a known op or implementation."""
+    if text is None:
+        return None
+    from opcontract.backends.registry import implementations
+    from opcontract.contracts import load_all
+
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if not names:
+        raise UsageError(f"--only {text!r} names no op or implementation")
+    ops, impls = set(load_all()), {i.name for i in implementations()}
+    strangers = sorted(names - ops - impls)
+    if strangers:
+        raise unknown(strangers[0], {"op": ops, "implementation": impls})
+    return names
+
+
 def _sweep(args) -> int:
     from opcontract.tuning.sweep import SweepError, load_sweep, run_sweep
 
+    only = _only(args.only)
     try:
         sweep = load_sweep(args.sweep)
         run_sweep(
@@ -46,7 +65,7 @@ def _sweep(args) -> int:
             timeout=args.timeout,
             device=args.device,
             progress=not args.no_progress,
-            only=set(args.only.split(",")) if args.only else None,
+            only=only,
             on_result=_report,
             compile_workers=args.compile_workers,
             max_batch=args.max_batch,
@@ -90,7 +109,7 @@ def _verify(args) -> int:
 
     device = args.device or ("cuda" if _cuda() else "cpu")
     here = device_key(_device_info(device))
-    only = set(args.only.split(",")) if args.only else None
+    only = _only(args.only)
     bad = checked = 0
     first = None  # (call, implementation, canonical bits)
     entries = [
