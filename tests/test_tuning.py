@@ -561,3 +561,50 @@ ops:
     bad = tmp_path / "bad.yaml"
     bad.write_text(sweep.read_text().replace("timing: graph", "timing: sometimes"))
     assert main(["sweep", str(bad), "--table", str(table), "--no-progress"]) == 1
+
+
+def test_a_sweep_whose_triton_studies_need_a_gpu_exits_1_saying_so(tmp_path, capsys, monkeypatch):
+    """Triton on a CPU without the interpreter: every study fails, the sweep says why."""
+    from opcontract.cli.tune import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    sweep = _gemm_sweep(tmp_path / "s.yaml", "nogpu")
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--no-progress", "--device", "cpu"]
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert "failed, no entry: Triton kernels need a CUDA GPU" in out
+    assert "1 of 1 studies failed" in err
+    assert "dense_gemm triton.gemm float32 batch 4: Triton kernels need a CUDA GPU" in err
+    assert "no GPU: set TRITON_INTERPRET=1 to run Triton on the CPU" in err
+    assert not table.exists()
+
+
+def test_a_failed_study_is_listed_and_exits_1_after_the_others_ran(tmp_path, capsys, monkeypatch):
+    from opcontract.backends import registry
+    from opcontract.cli.tune import main
+    from opcontract.tuning.sweep import load_sweep, run_sweep
+
+    gemm = implementation("triton.gemm")
+
+    def refuse(config, **kw):
+        raise RuntimeError("launch refused")
+
+    broken = dataclasses.replace(gemm, name="triton.broken", run=refuse)
+    monkeypatch.setitem(registry._REGISTRY, broken.name, broken)
+    sweep = _gemm_sweep(tmp_path / "s.yaml", "broken", ("triton.gemm", "triton.broken"), "[32]")
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "1", "--no-progress"]
+    assert main([*args, "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 studies failed" in err
+    assert "dense_gemm triton.broken float32 batch 4: RuntimeError: launch refused" in err
+    assert "TRITON_INTERPRET" not in err  # the interpreter is on: not the reason
+    (entry,) = json.loads(table.read_text())["entries"]
+    assert entry["implementation"] == "triton.gemm"
+
+    results = run_sweep(load_sweep(sweep), tmp_path / "u.json", trials=1, progress=False)
+    assert [(r.implementation, r.error) for r in results] == [
+        ("triton.gemm", None),
+        ("triton.broken", "RuntimeError: launch refused"),
+    ]

@@ -6,8 +6,9 @@
     opcontract-tune verify [--table TABLE.json] [--only OP,...] [--no-progress]
 
 Exit 0 on success, 1 with a message on a bad sweep file, an unwritable storage or table,
-or an entry that no longer verifies; 2 for an unknown name in --only (the message lists the
-known ops and implementations).
+a study that failed (each one's reason listed at the end), or an entry that no longer
+verifies; 2 for an unknown name in --only (the message lists the known ops and
+implementations).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from opcontract.tuning.db import USER_TABLES, TuningDB, table_paths
 
 
 def _report(r) -> None:
+    if r.error:  # run_sweep printed it, and the end of the sweep lists it again
+        return
     moved = sorted({k for _, ks in r.rejected for k in ks})
     speed = "no verified config"
     if r.unequal_to:
@@ -55,15 +58,16 @@ def _sweep(args) -> int:
     from opcontract.tuning.sweep import SweepError, load_sweep, run_sweep
 
     only = _only(args.only)
+    device = args.device or ("cuda" if _cuda() else "cpu")
     try:
         sweep = load_sweep(args.sweep)
-        run_sweep(
+        results = run_sweep(
             sweep,
             args.table,
             storage=args.storage,
             trials=args.trials,
             timeout=args.timeout,
-            device=args.device,
+            device=device,
             progress=not args.no_progress,
             only=only,
             on_result=_report,
@@ -74,7 +78,29 @@ def _sweep(args) -> int:
     except (SweepError, OSError) as e:
         print(f"opcontract-tune: {e}", file=sys.stderr)
         return 1
-    return 0
+    failed = [r for r in results if r.error]
+    if not failed:
+        return 0
+    print(
+        f"opcontract-tune: {len(failed)} of {len(results)} studies failed, no entry for them:",
+        *(f"  {r.op} {r.implementation} {r.dtype} batch {r.bucket}: {r.error}" for r in failed),
+        sep="\n",
+        file=sys.stderr,
+    )
+    if device == "cpu" and any(_triton_off_gpu(r.implementation) for r in failed):
+        print(
+            "opcontract-tune: no GPU: set TRITON_INTERPRET=1 to run Triton on the CPU",
+            file=sys.stderr,
+        )
+    return 1
+
+
+def _triton_off_gpu(name: str) -> bool:
+    """A Triton implementation on the CPU, without the interpreter that runs it there."""
+    from opcontract.backends.registry import implementation
+    from opcontract.backends.triton import interpreting
+
+    return implementation(name).backend == "triton" and not interpreting()
 
 
 def _db(args) -> TuningDB:
