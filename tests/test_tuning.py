@@ -608,3 +608,40 @@ def test_a_failed_study_is_listed_and_exits_1_after_the_others_ran(tmp_path, cap
         ("triton.gemm", None),
         ("triton.broken", "RuntimeError: launch refused"),
     ]
+
+
+@pytest.mark.parametrize(
+    "missing,cmd", [("optuna", "sweep"), ("tqdm", "sweep"), ("tqdm", "verify")]
+)
+def test_a_missing_tune_extra_prints_the_install_line(tmp_path, capsys, monkeypatch, missing, cmd):
+    """A plain `pip install opcontract` has no optuna or tqdm: say how to get them."""
+    import sys
+
+    from opcontract.cli.tune import main
+
+    monkeypatch.setitem(sys.modules, missing, None)  # `import optuna` now fails
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text(TINY_SWEEP)
+    table = tmp_path / "t.json"
+    args = {
+        "sweep": ["sweep", str(sweep), "--table", str(table), "--no-progress"],
+        "verify": ["verify", "--table", str(table), "--device", "cpu", "--no-progress"],
+    }[cmd]
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(
+        f'opcontract-tune {cmd} needs the [tune] extra: pip install "opcontract[tune]"'
+    )
+    assert missing in err and not out
+    assert not table.exists()
+
+
+def test_show_needs_no_extra(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from opcontract.cli.tune import main
+
+    for name in ("optuna", "tqdm"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["show", "--table", str(tmp_path / "none.json")]) == 0
+    assert "no tuning entries" in capsys.readouterr().out

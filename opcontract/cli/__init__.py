@@ -1,15 +1,17 @@
 """What the command-line tools share: ``--version``, a quiet exit when stdout's reader
-goes away (``tool | head -1``), and usage errors that list the known names.
+goes away (``tool | head -1``), usage errors that list the known names, and the install
+line for a missing extra.
 
 Each tool's ``main`` is wrapped by :func:`entry_point`, which exits 141 (128 + SIGPIPE, as
-a shell reports a tool ended by a closed pipe) for a closed stdout, and 2 with the message
-for a :class:`UsageError`.
+a shell reports a tool ended by a closed pipe) for a closed stdout, 2 with the message for
+a :class:`UsageError`, and 1 with it for a :class:`MissingExtra`.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import os
 import select
 import sys
@@ -25,6 +27,10 @@ class UsageError(Exception):
     """A command line that names something that doesn't exist."""
 
 
+class MissingExtra(Exception):
+    """An optional dependency group (``pip install "opcontract[tune]"``) isn't installed."""
+
+
 def add_version(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--version", action="version", version=f"opcontract {opcontract.__version__}")
 
@@ -36,6 +42,17 @@ def unknown(name: str, known: dict[str, Iterable[str]]) -> UsageError:
         f"known {kind}s: {', '.join(sorted(names)) or '(none)'}" for kind, names in known.items()
     )
     return UsageError(f"unknown {' or '.join(known)} {name!r}; {lists}")
+
+
+def require_extra(extra: str, modules: Iterable[str], what: str) -> None:
+    """Raise :class:`MissingExtra` with the install line unless every module imports."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise MissingExtra(
+                f'{what} needs the [{extra}] extra: pip install "opcontract[{extra}]" ({e})'
+            ) from None
 
 
 def _stdout_reader_gone() -> bool:
@@ -92,6 +109,10 @@ def entry_point(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]
                 _flush()
                 print(f"{prog}: {e}", file=sys.stderr)
                 return EXIT_USAGE
+            except MissingExtra as e:  # it names the command itself
+                _flush()
+                print(e, file=sys.stderr)
+                return 1
             # a reader gone shows here (what is still buffered), not at interpreter exit
             return code if _flush() else EXIT_CLOSED_PIPE
 

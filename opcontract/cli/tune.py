@@ -5,10 +5,10 @@
     opcontract-tune show [--table TABLE.json]
     opcontract-tune verify [--table TABLE.json] [--only OP,...] [--no-progress]
 
-Exit 0 on success, 1 with a message on a bad sweep file, an unwritable storage or table,
-a study that failed (each one's reason listed at the end), or an entry that no longer
-verifies; 2 for an unknown name in --only (the message lists the known ops and
-implementations).
+Exit 0 on success; 1 with a message on a bad sweep file, an unwritable storage or table,
+a study that failed (each one's reason listed at the end), an entry that no longer
+verifies, or a missing [tune] extra (optuna, tqdm: the message has the install line); 2 for
+an unknown name in --only (the message lists the known ops and implementations).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from opcontract.cli import UsageError, add_version, entry_point, unknown
+from opcontract.cli import UsageError, add_version, entry_point, require_extra, unknown
 from opcontract.tuning.db import USER_TABLES, TuningDB, table_paths
 
 
@@ -55,6 +55,7 @@ def _only(text: str | None) -> set[str] | None:
 
 
 def _sweep(args) -> int:
+    require_extra("tune", ("optuna", "tqdm"), "opcontract-tune sweep")
     from opcontract.tuning.sweep import SweepError, load_sweep, run_sweep
 
     only = _only(args.only)
@@ -126,6 +127,7 @@ def _show(args) -> int:
 def _verify(args) -> int:
     """Each entry's config against its canonical config, and the implementations tabled for
     one call against each other (dispatch may switch between them per bucket)."""
+    require_extra("tune", ("tqdm",), "opcontract-tune verify")
     from tqdm import tqdm
 
     from opcontract.backends.registry import implementation
