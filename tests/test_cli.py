@@ -83,3 +83,14 @@ def test_another_broken_pipe_is_not_swallowed(monkeypatch):
 
     with pytest.raises(BrokenPipeError, match="a worker's pipe"):
         main([])
+
+
+def test_the_package_carries_its_license():
+    from importlib.metadata import metadata
+
+    text = (Path(__file__).parent.parent / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text
+    meta = metadata("opcontract")
+    assert meta["License-Expression"] == "Apache-2.0"  # SPDX (PEP 639), not free text
+    assert "LICENSE" in meta.get_all("License-File")
