@@ -367,8 +367,11 @@ def run_sweep(
             if (max_batch is None or b <= max_batch) and (min_batch is None or b >= min_batch)
         ]
     )
-    if compile_workers > 0:
-        _precompile(tasks, device, compile_workers, progress)
+    if compile_workers > 0:  # not the studies that fail without running (see below)
+        runnable = [
+            t for t in tasks if _not_here(implementation(t[0].implementation), info) is None
+        ]
+        _precompile(runnable, device, compile_workers, progress)
     results = []
 
     def failed(item: SweepOp, dt: str, b: int, name: str, why: str) -> None:
