@@ -87,3 +87,20 @@ def test_packages_import_in_any_order():
     for first in ("opcontract.conformance", "opcontract.tuning", "opcontract.dispatch"):
         code = f"import {first}; import opcontract.cli.lint, opcontract.tuning.verify"
         subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_unknown_op_is_an_error_listing_the_known_ones(capsys):
+    for args in (["--op", "nosuch"], ["--conformance", "--op", "nosuch", "--device", "cpu"]):
+        assert lint.main(args) == 2
+        out = capsys.readouterr()
+        assert "clean" not in out.out and "ok " not in out.out
+        assert "contract-lint: unknown op 'nosuch'; known ops: dense_gemm, " in out.err
+        assert "softcap_logprob" in out.err
+
+
+def test_an_unknown_op_among_broken_contracts_says_so(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text("op: [unclosed\n")
+    assert lint.main([str(tmp_path), "--op", "a"]) == 2
+    assert "unknown op 'a'; known ops: (none) (and 1 problem(s): run without --op)" in (
+        capsys.readouterr().err
+    )

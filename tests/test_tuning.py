@@ -193,6 +193,8 @@ def test_sweep_writes_a_verified_table_that_dispatch_uses(tmp_path, monkeypatch,
     assert "verified 0 of 0 entries" in capsys.readouterr().out
     assert main([*verify_only, "--only", "triton.fused"]) == 0
     assert "verified 1 of 1 entries" in capsys.readouterr().out
+    assert main([*verify_only, "--only", "nosuch"]) == 2
+    assert "unknown op or implementation 'nosuch'; known ops: " in capsys.readouterr().err
     entry = json.loads(table.read_text())["entries"][0]  # the resumed study may improve it
     monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
     h, w, t = head_inputs(T=3, H=32, V=300)
@@ -269,8 +271,13 @@ def test_only_filters_studies_and_unknown_filter_exits_1(tmp_path, capsys):
     assert main([*args, "--only", "dense_gemm"]) == 0
     out = capsys.readouterr().out
     assert "dense_gemm" in out and "softcap_logprob" not in out
-    assert main([*args, "--only", "no_such_op"]) == 1
+    assert main([*args, "--only", "swiglu"]) == 1  # an op, but none of the sweep's
     assert "matches no op" in capsys.readouterr().err
+    assert main([*args, "--only", "dense_gemm,no_such_op"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown op or implementation 'no_such_op'; known ops: dense_gemm," in err
+    assert "known implementations: " in err and "triton.gemm" in err
+    assert not table.exists() or "no_such_op" not in table.read_text()
 
 
 def test_each_shape_has_its_own_study(tmp_path):
@@ -596,3 +603,87 @@ def test_a_forced_config_outside_the_declared_space_is_an_error():
     h, w, t = head_inputs(T=6)
     with pytest.raises(ValueError, match="'block_v' is not a free parameter"):
         dispatch.op("softcap_logprob", backend="triton", config={"block_v": 64})(h, w, t)
+
+
+def test_a_sweep_whose_triton_studies_need_a_gpu_exits_1_saying_so(tmp_path, capsys, monkeypatch):
+    """Triton on a CPU without the interpreter: every study fails, the sweep says why."""
+    from opcontract.cli.tune import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    sweep = _gemm_sweep(tmp_path / "s.yaml", "nogpu")
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--no-progress", "--device", "cpu"]
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert "failed, no entry: Triton kernels need a CUDA GPU" in out
+    assert "1 of 1 studies failed" in err
+    assert "dense_gemm triton.gemm float32 batch 4: Triton kernels need a CUDA GPU" in err
+    assert "no GPU: set TRITON_INTERPRET=1 to run Triton on the CPU" in err
+    assert not table.exists()
+
+
+def test_a_failed_study_is_listed_and_exits_1_after_the_others_ran(tmp_path, capsys, monkeypatch):
+    from opcontract.backends import registry
+    from opcontract.cli.tune import main
+    from opcontract.tuning.sweep import load_sweep, run_sweep
+
+    gemm = implementation("triton.gemm")
+
+    def refuse(config, **kw):
+        raise RuntimeError("launch refused")
+
+    broken = dataclasses.replace(gemm, name="triton.broken", forward=refuse)
+    monkeypatch.setitem(registry._REGISTRY, broken.name, broken)
+    sweep = _gemm_sweep(tmp_path / "s.yaml", "broken", ("triton.gemm", "triton.broken"), "[32]")
+    table = tmp_path / "t.json"
+    args = ["sweep", str(sweep), "--table", str(table), "--trials", "1", "--no-progress"]
+    assert main([*args, "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 studies failed" in err
+    assert "dense_gemm triton.broken float32 batch 4: RuntimeError: launch refused" in err
+    assert "TRITON_INTERPRET" not in err  # the interpreter is on: not the reason
+    (entry,) = json.loads(table.read_text())["entries"]
+    assert entry["implementation"] == "triton.gemm"
+
+    results = run_sweep(load_sweep(sweep), tmp_path / "u.json", trials=1, progress=False)
+    assert [(r.implementation, r.error) for r in results] == [
+        ("triton.gemm", None),
+        ("triton.broken", "RuntimeError: launch refused"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "missing,cmd", [("optuna", "sweep"), ("tqdm", "sweep"), ("tqdm", "verify")]
+)
+def test_a_missing_tune_extra_prints_the_install_line(tmp_path, capsys, monkeypatch, missing, cmd):
+    """A plain `pip install opcontract` has no optuna or tqdm: say how to get them."""
+    import sys
+
+    from opcontract.cli.tune import main
+
+    monkeypatch.setitem(sys.modules, missing, None)  # `import optuna` now fails
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text(TINY_SWEEP)
+    table = tmp_path / "t.json"
+    args = {
+        "sweep": ["sweep", str(sweep), "--table", str(table), "--no-progress"],
+        "verify": ["verify", "--table", str(table), "--device", "cpu", "--no-progress"],
+    }[cmd]
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(
+        f'opcontract-tune {cmd} needs the [tune] extra: pip install "opcontract[tune]"'
+    )
+    assert missing in err and not out
+    assert not table.exists()
+
+
+def test_show_needs_no_extra(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from opcontract.cli.tune import main
+
+    for name in ("optuna", "tqdm"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["show", "--table", str(tmp_path / "none.json")]) == 0
+    assert "no tuning entries" in capsys.readouterr().out

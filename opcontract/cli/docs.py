@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from opcontract.backends.registry import declaration_problems, implementations
+from opcontract.cli import add_version, entry_point
 from opcontract.contracts import load_all
 from opcontract.contracts.schema import Contract, SameAs
 
@@ -152,8 +153,10 @@ def pages() -> dict[str, str]:
     return out
 
 
+@entry_point("opcontract-docs")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="opcontract-docs")
+    add_version(ap)
     ap.add_argument("outdir", nargs="?", default="docs/ops")
     ap.add_argument("--check", action="store_true", help="fail if a page is out of date")
     args = ap.parse_args(argv)

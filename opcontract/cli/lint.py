@@ -6,7 +6,8 @@
     contract-lint --conformance [--op OP] [--device cpu|cuda]
                                   # also run the conformance kit on this machine
 
-Exit 0 when clean; exit 1 with one ``path:line: message`` per problem.
+Exit 0 when clean; exit 1 with one ``path:line: message`` per problem; exit 2 for an
+unknown ``--op`` (the message lists the known ops).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opcontract.backends.registry import declaration_problems, implementations
+from opcontract.cli import UsageError, add_version, entry_point, unknown
 from opcontract.contracts.loader import load_contract_file, shipped_contract_paths
 from opcontract.contracts.schema import Contract
 from opcontract.errors import ContractFileError
@@ -136,8 +138,10 @@ def conformance(contracts: dict[str, Contract], device: str, only: str | None) -
     return problems
 
 
+@entry_point("contract-lint")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="contract-lint", description=__doc__.split("\n")[0])
+    add_version(ap)
     ap.add_argument("paths", nargs="*", help="contract files or folders (default: shipped)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--conformance", action="store_true", help="also run the conformance kit")
@@ -145,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="with --conformance: cpu or cuda")
     args = ap.parse_args(argv)
     problems, contracts = lint(args.paths or None)
+    if args.op is not None and args.op not in contracts:
+        err = unknown(args.op, {"op": contracts})
+        if problems:  # the op's own file may be among those that didn't load
+            err = UsageError(f"{err} (and {len(problems)} problem(s): run without --op)")
+        raise err
     if args.conformance and not problems:
         import torch
 

@@ -5,8 +5,10 @@
     opcontract-tune show [--table TABLE.json]
     opcontract-tune verify [--table TABLE.json] [--only OP,...] [--no-progress]
 
-Exit 0 on success, 1 with a message on a bad sweep file, an unwritable storage or table,
-or an entry that no longer verifies.
+Exit 0 on success; 1 with a message on a bad sweep file, an unwritable storage or table,
+a study that failed (each one's reason listed at the end), an entry that no longer
+verifies, or a missing [tune] extra (optuna, tqdm: the message has the install line); 2 for
+an unknown name in --only (the message lists the known ops and implementations).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from opcontract.cli import UsageError, add_version, entry_point, require_extra, unknown
 from opcontract.tables.db import USER_TABLES, TuningDB, table_paths
 
 
 def _report(r) -> None:
+    if r.error:  # run_sweep printed it, and the end of the sweep lists it again
+        return
     moved = sorted({k for _, ks in r.rejected for k in ks})
     speed = "no verified config"
     if r.unequal_to:
@@ -32,20 +37,40 @@ def _report(r) -> None:
     )
 
 
+def _only(text: str | None) -> set[str] | None:
+    """The names of ``--only``, each a known op or implementation."""
+    if text is None:
+        return None
+    from opcontract.backends.registry import implementations
+    from opcontract.contracts import load_all
+
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if not names:
+        raise UsageError(f"--only {text!r} names no op or implementation")
+    ops, impls = set(load_all()), {i.name for i in implementations()}
+    strangers = sorted(names - ops - impls)
+    if strangers:
+        raise unknown(strangers[0], {"op": ops, "implementation": impls})
+    return names
+
+
 def _sweep(args) -> int:
+    require_extra("tune", ("optuna", "tqdm"), "opcontract-tune sweep")
     from opcontract.tuning.sweep import SweepError, load_sweep, run_sweep
 
+    only = _only(args.only)
+    device = args.device or ("cuda" if _cuda() else "cpu")
     try:
         sweep = load_sweep(args.sweep)
-        run_sweep(
+        results = run_sweep(
             sweep,
             args.table,
             storage=args.storage,
             trials=args.trials,
             timeout=args.timeout,
-            device=args.device,
+            device=device,
             progress=not args.no_progress,
-            only=set(args.only.split(",")) if args.only else None,
+            only=only,
             on_result=_report,
             compile_workers=args.compile_workers,
             max_batch=args.max_batch,
@@ -54,7 +79,29 @@ def _sweep(args) -> int:
     except (SweepError, OSError) as e:
         print(f"opcontract-tune: {e}", file=sys.stderr)
         return 1
-    return 0
+    failed = [r for r in results if r.error]
+    if not failed:
+        return 0
+    print(
+        f"opcontract-tune: {len(failed)} of {len(results)} studies failed, no entry for them:",
+        *(f"  {r.op} {r.implementation} {r.dtype} batch {r.bucket}: {r.error}" for r in failed),
+        sep="\n",
+        file=sys.stderr,
+    )
+    if device == "cpu" and any(_triton_off_gpu(r.implementation) for r in failed):
+        print(
+            "opcontract-tune: no GPU: set TRITON_INTERPRET=1 to run Triton on the CPU",
+            file=sys.stderr,
+        )
+    return 1
+
+
+def _triton_off_gpu(name: str) -> bool:
+    """A Triton implementation on the CPU, without the interpreter that runs it there."""
+    from opcontract.backends.registry import implementation
+    from opcontract.backends.triton import interpreting
+
+    return implementation(name).backend == "triton" and not interpreting()
 
 
 def _db(args) -> TuningDB:
@@ -80,6 +127,7 @@ def _show(args) -> int:
 def _verify(args) -> int:
     """Each entry's config against its canonical config, and the implementations tabled for
     one call against each other (dispatch may switch between them per bucket)."""
+    require_extra("tune", ("tqdm",), "opcontract-tune verify")
     from tqdm import tqdm
 
     from opcontract.backends.registry import implementation
@@ -89,7 +137,7 @@ def _verify(args) -> int:
 
     device = args.device or ("cuda" if _cuda() else "cpu")
     here = device_key(_device_info(device))
-    only = set(args.only.split(",")) if args.only else None
+    only = _only(args.only)
     bad = checked = 0
     first = None  # (call, implementation, canonical bits)
     entries = [
@@ -137,8 +185,10 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@entry_point("opcontract-tune")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="opcontract-tune", description=__doc__.split("\n")[0])
+    add_version(ap)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sw = sub.add_parser("sweep", help="run a sweep file")
     sw.add_argument("sweep")

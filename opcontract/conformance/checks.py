@@ -1,7 +1,8 @@
 """The conformance kit: checks any implementation can be run through.
 
 * accuracy: every float output within the contract's tolerance of the float64 oracle
-  (||out - ref|| / ||ref||), every integer output equal to the oracle's;
+  (||out - ref|| / ||ref||; equal to it where the oracle's output is all zeros), finite
+  wherever the oracle's is; every integer output equal to the oracle's;
 * batch invariance (``torch.equal``): rows computed alone, inside the batch, permuted,
   and with padding rows appended, all give the same bits;
 * run-to-run: two identical calls give the same bits;
@@ -15,6 +16,7 @@ Optional outputs are all asked for. A failure's detail names the first mismatchi
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +98,38 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
+def _error(out: torch.Tensor, ref: torch.Tensor, name: str) -> tuple[float, str, str | None]:
+    """(error, how it reads, why it fails regardless of the tolerance, or None).
+
+    The relative error ||out - ref|| / ||ref||; against a reference of norm zero (a token
+    accuracy of 0, say) the absolute error, which must be 0 (an equal output): its error is
+    then 0, or infinite. An output that is not finite where the reference is, or a NaN
+    error (a non-finite reference), fails.
+    """
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    if o.shape != r.shape:
+        return math.inf, "", f"{name}: shape {list(o.shape)}, the reference's {list(r.shape)}"
+    lost = ~torch.isfinite(o) & torch.isfinite(r)
+    if bool(lost.any()):
+        idx = lost.nonzero()
+        first = tuple(idx[0].tolist())
+        return (
+            math.nan,
+            "",
+            f"{name}: {idx.shape[0]} of {o.numel()} elements not finite where the reference "
+            f"is; first at {list(first)}: {o[first].item()!r} vs {r[first].item()!r}",
+        )
+    if bool(torch.isfinite(r).all()) and r.norm().item() == 0:
+        err = (o - r).abs().max().item() if o.numel() else 0.0
+        if err == 0:
+            return 0.0, f"{name} equal (reference 0)", None
+        return math.inf, f"{name} abs. error {err:.3g} against a reference of 0", None
+    err = _rel(o, r)
+    if math.isnan(err):
+        return err, "", f"{name}: relative error nan (the reference is not finite)"
+    return err, f"{name} {err:.3g}", None
+
+
 def _case(contract, case, dtype, seed, device, sizes=None):
     inputs, params = make_inputs(contract, case, dtype, sizes=sizes, seed=seed, device=device)
     return inputs, with_optional_outputs(contract, params)
@@ -123,11 +157,11 @@ def check_accuracy(
                 return CheckResult("accuracy", False, drift(out.cpu(), ref.cpu(), name))
             details.append(f"{name} equal")
             continue
-        if not bool(torch.isfinite(out).all()):
-            return CheckResult("accuracy", False, f"{name}: non-finite output")
-        err = _rel(out, ref)
+        err, detail, bad = _error(out, ref, name)
+        if bad:
+            return CheckResult("accuracy", False, bad, err)
         worst = max(worst, err)
-        details.append(f"{name} {err:.3g}")
+        details.append(detail)
     return CheckResult(
         "accuracy", worst <= tol, f"rel. error {', '.join(details)} (tolerance {tol:g})", worst
     )
@@ -242,16 +276,18 @@ def check_grad_accuracy(
     }
     ref = _grads(reference_fn(contract), contract, as64, params, seed + 7)
     tol = contract.grad_tolerance[dtype]
-    errs = {k: _rel(got[k], ref[k]) for k in got}
     bad = [k for k in got if got[k].dtype != inputs[k].dtype]
     if bad:
         return CheckResult("grad_accuracy", False, f"gradient of {bad} not in the input dtype")
-    worst = max(errs.values())
+    worst, details = 0.0, []
+    for k in got:
+        err, detail, why = _error(got[k], ref[k], f"grad {k}")
+        if why:
+            return CheckResult("grad_accuracy", False, why, err)
+        worst = max(worst, err)
+        details.append(detail)
     return CheckResult(
-        "grad_accuracy",
-        worst <= tol,
-        ", ".join(f"grad {k} {e:.3g}" for k, e in errs.items()) + f" (tolerance {tol:g})",
-        worst,
+        "grad_accuracy", worst <= tol, ", ".join(details) + f" (tolerance {tol:g})", worst
     )
 
 

@@ -199,6 +199,7 @@ class StudyResult:
     rejected: list[tuple[dict, tuple[str, ...]]]
     trials: int
     unequal_to: str | None = None  # the implementation whose bits it failed to match
+    error: str | None = None  # why the study failed (no entry), if it did
 
 
 def _call_key(item: SweepOp, dtype: str, batch: int) -> tuple:
@@ -304,6 +305,14 @@ def _precompile(tasks: list, device: str, workers: int, progress: bool) -> None:
         print(f"precompile: {err}", flush=True)
 
 
+def _not_here(impl, info) -> str | None:
+    """Why ``impl`` can't run on this device at all (a Triton kernel on a CPU, without the
+    interpreter), or None."""
+    if info.type not in impl.devices:
+        return f"{impl.name} runs on {', '.join(impl.devices)}, not {info.type}"
+    return impl.device_check(info)
+
+
 def run_sweep(
     sweep: Sweep,
     table: str | Path,
@@ -330,11 +339,19 @@ def run_sweep(
     from one batch bucket to the next.
 
     ``compile_workers`` > 0 first compiles every candidate in that many processes, so the
-    studies (one process, timing) load kernels instead of compiling them one by one."""
+    studies (one process, timing) load kernels instead of compiling them one by one.
+
+    A study that fails (its implementation can't run on this device, or its default config
+    raises) writes no entry; its result has ``error`` set to the reason, and the sweep goes
+    on with the next study."""
     from tqdm import tqdm
 
     check_storage(storage)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        info = _device_info(device)
+    except (RuntimeError, AssertionError) as e:  # torch without CUDA, or no GPU
+        raise SweepError(f"device {device!r} can't be used here: {e}") from None
     items = [i for i in sweep.ops if only is None or i.op in only or i.implementation in only]
     if only is not None and not items:
         raise SweepError(f"--only {sorted(only)} matches no op or implementation of the sweep")
@@ -355,9 +372,21 @@ def run_sweep(
             if (max_batch is None or b <= max_batch) and (min_batch is None or b >= min_batch)
         ]
     )
-    if compile_workers > 0:
-        _precompile(tasks, device, compile_workers, progress)
+    if compile_workers > 0:  # not the studies that fail without running (see below)
+        runnable = [
+            t for t in tasks if _not_here(implementation(t[0].implementation), info) is None
+        ]
+        _precompile(runnable, device, compile_workers, progress)
     results = []
+
+    def failed(item: SweepOp, dt: str, b: int, name: str, why: str) -> None:
+        print(f"{name}: failed, no entry: {why}", flush=True)
+        results.append(
+            StudyResult(item.op, item.implementation, dt, b, None, None, None, [], 0, error=why)
+        )
+        if on_result is not None:
+            on_result(results[-1])
+
     first: tuple | None = None  # (call, implementation, its canonical bits) of the call's first
     for item, dt, b in tqdm(tasks, desc=f"tuning {sweep.name}", disable=not progress):
         c = get_contract(item.op)
@@ -369,6 +398,10 @@ def run_sweep(
         call = _call_key(item, dt, b)
         if first is not None and first[0] != call:
             first = None  # a new call: the previous one's bits can go
+        why = _not_here(impl, info)
+        if why is not None:
+            failed(item, dt, b, name, why)
+            continue
         try:
             probe = prepare(impl, c, dt, sizes, device=device, params=item.params)
             if first is None:
@@ -400,7 +433,7 @@ def run_sweep(
             )
             default_ms = time_ms(work(probe.canonical), device, item.timing)
         except Exception as e:  # the default config itself fails: nothing to write
-            print(f"{name}: failed, no entry: {type(e).__name__}: {e}", flush=True)
+            failed(item, dt, b, name, f"{type(e).__name__}: {e}")
             continue
         if best is None or best_ms >= default_ms:  # the default is (still) the fastest
             # its declared values (a value outside the space, such as the interpreter's
@@ -414,7 +447,7 @@ def run_sweep(
         write_entry(
             table,
             make_entry(
-                _device_info(device),
+                info,
                 item.op,
                 impl.name,
                 dt,
