@@ -215,10 +215,22 @@ def _spy(monkeypatch, obj, name):
     return calls
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "swiglu", "dense_gemm", "softcap_logprob"])
-def test_no_grad_skips_the_library_op_with_the_same_bits(monkeypatch, op):
+@pytest.mark.parametrize(
+    "op, backend",
+    [
+        ("rms_norm", None),
+        ("swiglu", None),
+        ("dense_gemm", None),
+        ("softcap_logprob", None),
+        ("rms_norm", "triton"),  # forward_no_grad: no rstd stored, the same y
+        ("fused_add_rms_norm", "triton"),
+    ],
+)
+def test_no_grad_skips_the_library_op_with_the_same_bits(monkeypatch, op, backend):
+    if backend == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     c, inputs, params = _call(op)
-    f = dispatch.op(op)
+    f = dispatch.op(op, backend=backend)
     leaves = {k: (v.clone().requires_grad_() if k in c.grads and v is not None else v)
               for k, v in inputs.items()}  # fmt: skip
     with_op = named_outputs(c, f(**leaves, **params))

@@ -51,7 +51,9 @@ class Implementation:
     residuals, in contract order (None for an output not asked for). ``backward(config,
     saved, grads, needs, **params)`` gets the tensors the contract's ``backward.saves``
     names, the upstream gradients of the differentiable outputs (None where there is none)
-    and which inputs need a gradient; it returns {input: gradient or None}. ``config`` is a
+    and which inputs need a gradient; it returns {input: gradient or None}.
+    ``forward_no_grad``, where given, returns the same outputs with the residuals None (what
+    a call that builds no autograd graph runs: no buffers for the backward). ``config`` is a
     dict over ``config_space``; ``default_config(call)`` gives the canonical config.
     ``layout`` maps input (and, in the backward, output) names, or "*", to a LAYOUTS entry.
     """
@@ -65,6 +67,7 @@ class Implementation:
     plan: Mapping[str, ReductionPlan]
     invariances: tuple[str, ...]
     backward: Callable[..., Any] | None = None
+    forward_no_grad: Callable[..., Any] | None = None
     layout: Mapping[str, str] = field(default_factory=dict)
     grad_invariances: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     features: tuple[str, ...] = ()

@@ -140,29 +140,38 @@ class OpFunction:
         self.shell = op_shell(name)
         self.sig = signature(name)
         self._route = (name, backend, mode, self.config)
+        self._autocast = self.contract.autocast != "none"
         self._batched = tuple(r.batched for r in self.sig.inputs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.contract.autocast != "none" and _autocast_on():
+        autocast = self._autocast and _autocast_on()
+        if autocast:
             args, kwargs = _autocast(self.contract.autocast, args, kwargs)
         sh = self.shell
         if torch.compiler.is_compiling():  # traced: validation on fake tensors, no memo
             bound = bind(self.sig, args, kwargs)
-            inputs, params, lead = bound.inputs, bound.params, bound.lead
-        else:
-            k = None if simulating() else call_cache.key(self._route, args, kwargs)
-            hit = call_cache.get(k)
-            if hit is None:
-                hit = self._prepare(args, kwargs)
-                call_cache.put(k, hit)
-            if hit.route.impl is None:
-                raise NoBackendError(self.name, hit.route.rejected, requested=self.backend)
-            inputs, params, lead = hit.inputs(args, kwargs), hit.params, hit.lead
+            inputs = bound.inputs
+            if bound.lead is not None:
+                inputs = self._flatten(inputs, len(bound.lead))
+            out = sh.call_forward(inputs, bound.params, self.backend or "", self.mode, self.config)
+            return sh.build_result(out, bound.params, bound.lead)
+        k = None if simulating() else call_cache.key(self._route, args, kwargs)
+        hit = call_cache.get(k)
+        if hit is None:
+            hit = self._prepare(args, kwargs)
+            call_cache.put(k, hit)
+        route = hit.route
+        if route.impl is None:
+            raise NoBackendError(self.name, route.rejected, requested=self.backend)
+        inputs, params, lead = hit.inputs(args, kwargs), hit.params, hit.lead
         if lead is not None:
             inputs = self._flatten(inputs, len(lead))
-        if not torch.compiler.is_compiling() and bypass_op(*inputs.values()):
-            with _autocast_off():
-                out = sh.run_forward(hit.route, inputs, params)
+        if bypass_op(*inputs.values()):
+            if autocast:
+                with _autocast_off():
+                    out = sh.run_forward(route, inputs, params, grad=False)
+            else:
+                out = sh.run_forward(route, inputs, params, grad=False)
         else:
             out = sh.call_forward(inputs, params, self.backend or "", self.mode, self.config)
         return sh.build_result(out, params, lead)
@@ -191,9 +200,6 @@ class OpFunction:
 @contextlib.contextmanager
 def _autocast_off():
     """Implementations run as without autocast (their inputs were cast by the policy)."""
-    if not _autocast_on():
-        yield
-        return
     with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
         yield
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from opcontract import backends
 from opcontract.backends import registry
 from opcontract.tables import db
 
@@ -43,32 +42,51 @@ class CachedCall:
         }
 
 
-def _part(v: Any) -> Any:
-    if type(v) is torch.Tensor:
-        return (v.shape, v.dtype, v.device)
-    if isinstance(v, _SCALARS):
-        return (type(v), v)
-    raise TypeError  # not memoised: the slow path validates it
+_SCALAR_TYPES = frozenset(_SCALARS)
+_Tensor = torch.Tensor
 
 
 def key(route: tuple, args: tuple, kwargs: dict) -> tuple | None:
     """The memo key of a call (``route``: op, backend, mode, config), or None if an argument
-    can't be part of one."""
-    backends.load()  # registering bumps the registry's generation: do it first
-    try:
-        sig = tuple(_part(a) for a in args) + tuple((k, _part(v)) for k, v in kwargs.items())
-    except TypeError:
-        return None
-    return (route, state(), sig)
+    can't be part of one. Tensors enter by shape, dtype and device; scalars by type and value."""
+    sig = []
+    for a in args:
+        if type(a) is _Tensor:
+            sig.append((a.shape, a.dtype, a.device))
+        elif type(a) in _SCALAR_TYPES:
+            sig.append((type(a), a))
+        else:
+            return None  # not memoised: the slow path validates it
+    for k, v in kwargs.items():
+        if type(v) is _Tensor:
+            sig.append((k, v.shape, v.dtype, v.device))
+        elif type(v) in _SCALAR_TYPES:
+            sig.append((k, type(v), v))
+        else:
+            return None
+    return (route, state(), tuple(sig))
+
+
+def _env_reader():
+    """A fast reader of one environment variable: os.environ's own mapping, looked up by its
+    encoded key (no encode/decode per call); os.environ.get where that isn't available."""
+    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if not isinstance(data, dict) or encode is None:
+        return lambda name: os.environ.get(name)
+    return lambda name, _k={}: data.get(_k.get(name) or _k.setdefault(name, encode(name)))
+
+
+_env = _env_reader()
 
 
 def state() -> tuple:
-    """Process state that selection depends on besides the call itself."""
+    """Process state that selection depends on besides the call itself (the backends are
+    registered before any key is asked for: ``shell.op_shell`` loads them)."""
     return (
-        registry.generation(),
-        db.generation(),
-        os.environ.get(db.ENV),
-        os.environ.get("TRITON_INTERPRET"),
+        registry._Registry.generation,
+        db._generation,
+        _env(db.ENV),
+        _env("TRITON_INTERPRET"),
     )
 
 

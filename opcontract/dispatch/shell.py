@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from opcontract import backends
 from opcontract.backends.registry import CallInfo, Implementation
 from opcontract.contracts import get_contract
 from opcontract.contracts.results import result_type
@@ -134,6 +135,7 @@ class OpShell:
         self.outputs = tuple(c.outputs)
         self.residuals = tuple(c.residuals)
         self.returned = [n for n, o in c.outputs.items() if not o.when]
+        self.lone = len(c.outputs) == 1  # the result is always the one output's tensor
         self.result = result_type(c.op)
         self.n_in, self.n_par = len(self.inputs), len(self.params)
         # where each shape symbol is read from the (flattened) inputs: a required input first
@@ -236,13 +238,17 @@ class OpShell:
             _raise_no_backend(self.contract, route, backend or None)
         return _one(self._empties(self.run_forward(route, inputs, params), inputs, params))
 
-    def run_forward(self, route: Route, inputs: dict, params: dict) -> tuple:
-        """Check index values, meet the layout, run the implementation, record provenance."""
+    def run_forward(self, route: Route, inputs: dict, params: dict, grad: bool = True) -> tuple:
+        """Check index values, meet the layout, run the implementation, record provenance.
+        ``grad=False`` (the eager fast path: no autograd graph records the call, none keeps
+        the residuals): an implementation's ``forward_no_grad`` runs where it has one."""
         if self.sig.value_checked:
             check_values(self.sig, inputs, params, _sizes_of(self, inputs))
         for name, need in route.copies:
             inputs[name] = conform(inputs[name], need)
-        out = route.impl.forward(route.config, **inputs, **params)
+        impl = route.impl
+        fwd = impl.forward if grad or impl.forward_no_grad is None else impl.forward_no_grad
+        out = fwd(route.config, **inputs, **params)
         record(route.provenance)
         return out
 
@@ -375,6 +381,8 @@ class OpShell:
     def build_result(self, out: tuple, params: dict, lead: tuple | None) -> Any:
         """The caller's result: a lone tensor, or the contract's named result; outputs with a
         leading batch symbol get the call's leading dims back."""
+        if self.lone and lead is None:
+            return out[0]
         c = self.contract
         vals = []
         for i, (n, o) in enumerate(c.outputs.items()):
@@ -425,5 +433,6 @@ def _sizes_of(shell: OpShell, inputs: dict) -> dict[str, int]:
 
 @functools.cache
 def op_shell(op: str) -> OpShell:
-    """The op shell of ``op`` (built once per process)."""
+    """The op shell of ``op`` (built once per process, after every backend registered)."""
+    backends.load()
     return OpShell(get_contract(op))

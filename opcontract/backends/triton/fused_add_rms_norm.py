@@ -13,6 +13,11 @@ def forward(config, x, residual, weight, *, variant, eps):
     return norm_forward(x, weight, residual, variant, eps)
 
 
+def forward_no_grad(config, x, residual, weight, *, variant, eps):
+    """(y, residual_out, None): no backward will read rstd."""
+    return norm_forward(x, weight, residual, variant, eps, store_rstd=False)
+
+
 def backward(config, saved, grads, needs, *, variant, eps):
     """The residual's gradient is x's: both enter the sum alike."""
     rout = saved["residual_out"]

@@ -38,15 +38,16 @@ def _bwd_stages(block_h: int, elem_bytes: int) -> int:
     return max(1, min(4, (128 << 10) // (2 * block_h * elem_bytes)))
 
 
-def norm_forward(x, weight, residual, variant, eps):
-    """(y, residual_out | None, rstd)."""
+def norm_forward(x, weight, residual, variant, eps, store_rstd=True):
+    """(y, residual_out | None, rstd | None); ``store_rstd=False`` (no backward to come):
+    no rstd buffer, and the kernel skips its store (y's bits are the same)."""
     from opcontract.backends.triton import rms_norm_kernels as k
 
     x = x.contiguous()
     T, H = x.shape
     y = torch.empty_like(x)
     rout = torch.empty_like(x) if residual is not None else None
-    rstd = torch.empty(T, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(T, dtype=torch.float32, device=x.device) if store_rstd else None
     if T:
         bh = row_block(H)
         w = weight if weight is not None else x
@@ -57,11 +58,14 @@ def norm_forward(x, weight, residual, variant, eps):
             W_FIRST=T <= W_FIRST_MAX_T,
             num_warps=row_warps(bh),
         )
+        if not store_rstd:
+            meta["STORE_RSTD"] = False
+        out = rstd if store_rstd else y  # a pointer the kernel never writes without the store
         if residual is None:
-            launch(k._rms_fwd_kernel, (T,), x, w, y, rstd, *scalars, **meta)
+            launch(k._rms_fwd_kernel, (T,), x, w, y, out, *scalars, **meta)
         else:
             r = residual.contiguous()
-            launch(k._add_rms_fwd_kernel, (T,), x, r, w, y, rout, rstd, *scalars, **meta)
+            launch(k._add_rms_fwd_kernel, (T,), x, r, w, y, rout, out, *scalars, **meta)
     return y, rout, rstd
 
 
@@ -126,6 +130,11 @@ def forward(config, x, weight, *, variant, eps):
     """(y, rstd)."""
     y, _, rstd = norm_forward(x, weight, None, variant, eps)
     return y, rstd
+
+
+def forward_no_grad(config, x, weight, *, variant, eps):
+    """(y, None): no backward will read rstd."""
+    return norm_forward(x, weight, None, variant, eps, store_rstd=False)[0], None
 
 
 def backward(config, saved, grads, needs, *, variant, eps):
