@@ -60,6 +60,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--out", type=Path, help="JSON file to write")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"))
+    p.add_argument("--merge", nargs="+", type=Path, help="join partial snapshots into --out")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
     p.add_argument("--commit", help="opcontract commit to record (default: git rev-parse HEAD)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -356,10 +357,29 @@ def compare(a_path: Path, b_path: Path) -> int:
     return 1 if bad else 0
 
 
+def merge(parts: list[Path], out: Path) -> int:
+    """One snapshot from several runs of it (``--ops`` subsets run side by side): the first
+    part's env, every part's rows and timings."""
+    data = [json.loads(p.read_text()) for p in parts]
+    joined = dict(data[0])
+    joined["rows"] = [r for d in data for r in d["rows"]]
+    for key in ("timings", "slow"):
+        if isinstance(data[0].get(key), list):
+            joined[key] = [t for d in data for t in d.get(key, [])]
+        elif isinstance(data[0].get(key), dict):
+            joined[key] = {k: v for d in data for k, v in d.get(key, {}).items()}
+    joined["merged_from"] = [str(p) for p in parts]
+    out.write_text(json.dumps(joined, indent=1))
+    print(f"merged {len(parts)} snapshots: {len(joined['rows'])} rows -> {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.compare:
         return compare(*args.compare)
+    if args.merge:
+        return merge(args.merge, args.out)
     return snapshot(args)
 
 

@@ -18,10 +18,14 @@ if [ -z "${SKIP_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD:$PWD/.peers${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# TREE: another checkout's root (an older commit copied into .old/, say) whose opcontract the
+# stages import instead of this one's; the scripts stay this tree's. LABEL names its results.
+TREE=${TREE:-$PWD}
+LABEL=${LABEL:-new}
+export PYTHONPATH=/tmp/site:$TREE:$PWD/.peers${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 SWEEP=opcontract/tuning/sweeps/muse_glimmer.yaml
 TABLE=${TABLE:-$OUT/h200.json}  # a table outside $OUT (/tmp) carries a sweep to the next call
-[ -f "$TABLE" ] || cp opcontract/tuning/tables/h200.json "$TABLE"
+[ -f "$TABLE" ] || cp opcontract/tables/h200.json "$TABLE"
 
 stage() {  # name, seconds, command...
     local name=$1 limit=$2
@@ -43,8 +47,24 @@ for s in "$@"; do
     case $s in
         tests)  # pytest-xdist (a wheel in .whl) compiles the kernels of several tests at once
             workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
-            stage tests "${TESTS_LIMIT:-420}" python3 -m pytest -q -m gpu tests/ \
+            stage "tests-$LABEL" "${TESTS_LIMIT:-420}" python3 -m pytest -q -m gpu "$TREE/tests/" \
                 -p no:cacheprovider $workers ;;
+        bits)  # every output and gradient's sha256, one process per op (compiles in parallel)
+            for op in dense_gemm fused_add_rms_norm linear_cross_entropy normalized_embedding \
+                rms_norm softcap_logprob swiglu; do
+                python3 benchmarks/bits_snapshot.py --device cuda --ops "$op" \
+                    --commit "${OPCONTRACT_COMMIT:-unknown}" --out "/tmp/bits_${LABEL}_$op.json" \
+                    > "$OUT/bits_${LABEL}_$op.log" 2>&1 &
+            done
+            wait
+            python3 benchmarks/bits_snapshot.py --merge /tmp/bits_"${LABEL}"_*.json \
+                --out "$OUT/bits_snapshot_h200_${LABEL}.json" ;;
+        conformance) stage "conformance-$LABEL" "${CONFORMANCE_LIMIT:-400}" \
+            python3 -m opcontract.cli.lint --conformance --device cuda ;;
+        fuzz) stage fuzz "${FUZZ_LIMIT:-300}" python3 benchmarks/fuzz_counts.py --device cuda \
+            --out "$OUT/fuzz_counts_h200.json" ;;
+        host-time) stage "host-time-$LABEL" 120 python3 benchmarks/host_time.py --label "$LABEL" \
+            --out "$OUT/host_time_h200_${LABEL}.json" ;;
         norms) stage norms 180 python3 benchmarks/norm_kernels_explore.py \
             --out "$OUT/norm_kernels_explore_h200.json" ;;
         rms-decode) stage rms-decode 120 python3 benchmarks/rms_decode_explore.py \

@@ -1,0 +1,140 @@
+"""Host time per eager call at decode sizes, opcontract's dispatch against torch's own op.
+
+    python benchmarks/host_time.py --out results.json [--label new] [--n 200 --rounds 30]
+
+An eager decode step issues ~15 op calls per layer from Python under torch.no_grad(): what
+bounds it is the host's time to issue each call, not the GPU's to run it. Each round issues
+``n`` calls back to back without synchronising and times that on the host (the GPU queue
+holds them; it drains before the next round); the median round over the calls is the host
+time per call. The GPU time of one call (CUDA-graph replay) is reported beside it: where it
+exceeds the host time, a loop of calls is GPU-bound and the host figure is what Python adds.
+Run it under another checkout's PYTHONPATH (``--label``) to compare two commits on one host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import env_stamp  # noqa: E402
+
+from opcontract import dispatch  # noqa: E402
+
+H, INTER, Q = 6656, 19968, 4096  # Muse Glimmer's hidden, intermediate and q_proj widths
+
+
+def host_us(fn, n: int, rounds: int) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per_call.append((time.perf_counter() - t0) / n * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(per_call)
+
+
+def gpu_us(fn) -> float | None:
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        print("graph timing failed:", repr(e)[:120])
+        return None
+
+
+def cases():
+    dev, dt = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=dev, dtype=dt, generator=g)
+
+    x, r, w = randn(1, H), randn(1, H), randn(H) * 0.1
+    gu = randn(1, 2 * INTER)
+    gate, up = randn(1, INTER), randn(1, INTER)
+    wq = randn(Q, H) / 80
+    rms, add_norm = dispatch.op("rms_norm"), dispatch.op("fused_add_rms_norm")
+    swiglu, gemm = dispatch.op("swiglu"), dispatch.op("dense_gemm")
+    F = torch.nn.functional
+    return {
+        "rms_norm T=1": (
+            lambda: rms(x, w, variant="plain", eps=1e-5),
+            lambda: F.rms_norm(x, (H,), w, 1e-5),
+            "F.rms_norm",
+        ),
+        "fused_add_rms_norm T=1": (
+            lambda: add_norm(x, r, w, variant="plain", eps=1e-5),
+            lambda: F.rms_norm(x + r, (H,), w, 1e-5),
+            "x + r, F.rms_norm",
+        ),
+        "swiglu packed T=1": (
+            lambda: swiglu(gu, layout="packed"),
+            lambda: F.silu(gu[:, :INTER]) * gu[:, INTER:],
+            "F.silu(g) * u",
+        ),
+        "swiglu separate T=1": (
+            lambda: swiglu(gate, up),
+            lambda: F.silu(gate) * up,
+            "F.silu(g) * u",
+        ),
+        "dense_gemm q_proj M=1": (
+            lambda: gemm(x, wq),
+            lambda: F.linear(x, wq),
+            "F.linear",
+        ),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    rows = []
+    with torch.no_grad():
+        for name, (ours, peer, peer_name) in cases().items():
+            ours()
+            row = {
+                "op": name,
+                "label": args.label,
+                "opcontract_host_us": host_us(ours, args.n, args.rounds),
+                "peer": peer_name,
+                "peer_host_us": host_us(peer, args.n, args.rounds),
+                "opcontract_gpu_us": gpu_us(ours),
+                "peer_gpu_us": gpu_us(peer),
+                "implementation": dispatch.last_provenance().implementation
+                if dispatch.last_provenance()
+                else None,
+            }
+            row["ratio"] = row["opcontract_host_us"] / row["peer_host_us"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = {
+        "benchmark": "host_time",
+        "command": " ".join(["python", *sys.argv]),
+        "env": env_stamp(),
+        "n": args.n,
+        "rounds": args.rounds,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
