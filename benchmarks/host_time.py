@@ -98,12 +98,57 @@ def cases():
     }
 
 
+def layers(n: int, rounds: int) -> list[dict]:
+    """rms_norm T=1 taken apart: where an eager call's host time goes, layer by layer."""
+    from opcontract.backends.triton import rms_norm as tn
+    from opcontract.backends.triton import rms_norm_kernels as k
+    from opcontract.backends.triton.launch import launch
+    from opcontract.dispatch import call_cache
+    from opcontract.dispatch.shell import op_shell
+
+    x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(H, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    f = dispatch.op("rms_norm")
+    f(x, w, eps=1e-5)
+    hit = call_cache.get(call_cache.key(f._route, (x, w), {"eps": 1e-5}))
+    sh, route = op_shell("rms_norm"), hit.route
+    meta = dict(VARIANT=0, BLOCK_H=8192, W_FIRST=True, num_warps=8, STORE_RSTD=False)
+    fns = {
+        "dispatch.op call": lambda: f(x, w, eps=1e-5),
+        "memo lookup (key + get)": lambda: call_cache.get(
+            call_cache.key(f._route, (x, w), {"eps": 1e-5})
+        ),
+        "shell run_forward (from the memo entry)": lambda: sh.run_forward(
+            route, {"x": x, "weight": w}, hit.params, grad=False
+        ),
+        "implementation forward_no_grad": lambda: route.impl.forward_no_grad(
+            route.config, x=x, weight=w, variant="plain", eps=1e-5
+        ),
+        "triton host wrapper norm_forward": lambda: tn.norm_forward(
+            x, w, None, "plain", 1e-5, store_rstd=False
+        ),
+        "launch() of the kernel alone": lambda: launch(
+            k._rms_fwd_kernel, (1,), x, w, y, y, H, H, 1e-5, **meta
+        ),
+        "torch.empty_like": lambda: torch.empty_like(x),
+        "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (H,), w, 1e-5),
+    }
+    rows = []
+    for name, fn in fns.items():
+        row = {"op": "rms_norm T=1", "layer": name, "host_us": host_us(fn, n, rounds)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--layers", action="store_true", help="also take rms_norm T=1 apart")
     args = ap.parse_args()
     rows = []
     with torch.no_grad():
@@ -124,8 +169,10 @@ def main() -> int:
             row["ratio"] = row["opcontract_host_us"] / row["peer_host_us"]
             rows.append(row)
             print(json.dumps(row), flush=True)
+    out_layers = layers(args.n, args.rounds) if args.layers else []
     out = {
         "benchmark": "host_time",
+        "layers": out_layers,
         "command": " ".join(["python", *sys.argv]),
         "env": env_stamp(),
         "n": args.n,
