@@ -66,6 +66,7 @@ def cases():
     gu = randn(1, 2 * INTER)
     gate, up = randn(1, INTER), randn(1, INTER)
     wq = randn(Q, H) / 80
+    wqkvg, wo = randn(8704, H) / 80, randn(H, Q) / 64  # the grouped q/k/v/gate and o_proj
     rms, add_norm = dispatch.op("rms_norm"), dispatch.op("fused_add_rms_norm")
     swiglu, gemm = dispatch.op("swiglu"), dispatch.op("dense_gemm")
     F = torch.nn.functional
@@ -90,9 +91,19 @@ def cases():
             lambda: F.silu(gate) * up,
             "F.silu(g) * u",
         ),
-        "dense_gemm q_proj M=1": (
+        "dense_gemm q_proj M=1 (no tuned entry)": (
             lambda: gemm(x, wq),
             lambda: F.linear(x, wq),
+            "F.linear",
+        ),
+        "dense_gemm qkv_gate M=1": (
+            lambda: gemm(x, wqkvg),
+            lambda: F.linear(x, wqkvg),
+            "F.linear",
+        ),
+        "dense_gemm o_proj M=1": (
+            lambda: gemm(x[:, :Q], wo),
+            lambda: F.linear(x[:, :Q], wo),
             "F.linear",
         ),
     }
