@@ -1,7 +1,7 @@
 """Tuned configs against each implementation's default config, on the sweep's own calls.
 
     python benchmarks/tuned_dispatch.py opcontract/tuning/sweeps/muse_glimmer.yaml \
-        --table opcontract/tuning/tables/h200.json --out results.json
+        --table opcontract/tables/h200.json --out results.json
 
 For every (op, implementation, dtype, batch) of the sweep that has an entry in the table:
 the median time with the default config and with the tuned one (same fresh inputs; forward,

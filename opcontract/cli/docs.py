@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
 import sys
 from pathlib import Path
 
@@ -116,20 +117,83 @@ def render(c: Contract) -> str:
         "- tolerance (‖out − ref‖/‖ref‖ vs the float64 oracle "
         f"`{c.reference}`): " + ", ".join(f"{k} {v:g}" for k, v in c.tolerance.items()),
         *_grad_lines(c),
+        *_call_form_lines(c),
         "",
         "## Implementations",
         "",
-        "| implementation | backend | devices | dtypes | satisfies the contract |",
-        "| --- | --- | --- | --- | --- |",
+        "| implementation | backend | devices | dtypes | satisfies the contract | source | "
+        "tuned entries |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    entries = _tuned_entries()
     for i in implementations(c.op):
         probs = declaration_problems(i, c)
         verdict = "yes" if not probs and not i.relaxed_only else "no (relaxed mode only)"
         out.append(
             f"| `{i.name}` | {i.backend} | {', '.join(i.devices)} | "
-            f"{', '.join(i.dtypes)} | {verdict} |"
+            f"{', '.join(i.dtypes)} | {verdict} | {_sources(i)} | "
+            f"{entries.get((c.op, i.name), 0)} |"
         )
+    tests = _tests_of(c.op)
+    out += ["", "## Tests", "", *[f"- `{t}`" for t in tests]] if tests else []
     return "\n".join(out) + "\n"
+
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rel(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(_ROOT)) if p.is_relative_to(_ROOT) else p.name
+
+
+def _sources(impl) -> str:
+    """The files of an implementation's forward and backward (and where it registers)."""
+    files = []
+    for fn in (impl.forward, impl.forward_no_grad, impl.backward):
+        code = getattr(inspect.unwrap(fn), "__code__", None) if fn is not None else None
+        if code is not None and "register.py" not in code.co_filename:
+            files.append(_rel(code.co_filename))
+    files.append(f"{_rel(impl.source[0])}:{impl.source[1]}")
+    return ", ".join(f"`{f}`" for f in dict.fromkeys(files))
+
+
+def _tuned_entries() -> dict[tuple[str, str], int]:
+    """How many shipped table entries each (op, implementation) has."""
+    from opcontract.tables.db import PACKAGE_TABLES, TuningDB
+
+    counts: dict[tuple[str, str], int] = {}
+    for e in TuningDB([PACKAGE_TABLES]).entries:
+        key = (e.key["op"], e.key["implementation"])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _tests_of(op: str) -> list[str]:
+    """Test files that name the op (a checkout's tests/; none in an installed package)."""
+    tests = _ROOT / "tests"
+    if not tests.is_dir():
+        return []
+    return [_rel(str(p)) for p in sorted(tests.glob("test_*.py")) if f'"{op}"' in p.read_text()]
+
+
+def _call_form_lines(c: Contract) -> list[str]:
+    out = [f"- under `torch.autocast`: {_AUTOCAST[c.autocast]}"]
+    if c.batch_dims:
+        out.append(
+            f"- leading batch dims: `{c.batch_dims}` may be any number of leading dims "
+            "(bitwise equal to the flattened call)"
+        )
+    if c.nonfinite.doc:
+        out.append(f"- NaN and infinities: {c.nonfinite.doc}")
+    return out
+
+
+_AUTOCAST = {
+    "lower": "floating inputs cast to the autocast dtype first (float64 left alone), as nn.Linear",
+    "promote": "floating inputs cast to the widest among them first, as torch's elementwise ops",
+    "none": "inputs run as given",
+}
 
 
 def render_index(contracts: dict[str, Contract]) -> str:
