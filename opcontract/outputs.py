@@ -8,5 +8,6 @@ LogprobOutput = result_type("softcap_logprob")
 CrossEntropyOutput = result_type("linear_cross_entropy")
 AddNormOutput = result_type("fused_add_rms_norm")
 EmbeddingOutput = result_type("normalized_embedding")
+QKOutput = result_type("qk_norm_rope")
 
-__all__ = ["AddNormOutput", "CrossEntropyOutput", "EmbeddingOutput", "LogprobOutput"]
+__all__ = ["AddNormOutput", "CrossEntropyOutput", "EmbeddingOutput", "LogprobOutput", "QKOutput"]

@@ -687,3 +687,16 @@ def test_show_needs_no_extra(tmp_path, monkeypatch, capsys):
         monkeypatch.setitem(sys.modules, name, None)
     assert main(["show", "--table", str(tmp_path / "none.json")]) == 0
     assert "no tuning entries" in capsys.readouterr().out
+
+
+def test_every_shipped_entry_is_usable_under_the_current_contracts():
+    """A contract edit that moves its numerics hash would silently retire the shipped
+    tuning: every shipped entry must still pass dispatch's check."""
+    from opcontract.tables.db import PACKAGE_TABLES, entry_problem
+
+    entries = TuningDB([PACKAGE_TABLES]).entries
+    assert len(entries) >= 74
+    for e in entries:
+        impl = implementation(e.key["implementation"])
+        c = get_contract(e.key["op"])
+        assert entry_problem(e, impl, c.numerics_sha256) is None, e.describe()

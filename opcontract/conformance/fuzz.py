@@ -38,6 +38,8 @@ VALID_PARAMS = {
     "label_smoothing": [0.0, 0.1, 0.5],
     "ignore_index": [-100, -1, 0, 3],
     "eps": [1e-5, 1e-8, 1.0],
+    "rope_theta": [500000.0, 10000.0, 10.0],
+    "qk_scale": [3.87, 1.0, -0.5],
 }
 
 
@@ -45,10 +47,14 @@ def mutated_call(c, rng: random.Random, device: str):
     """(inputs, params, extra positional tensor or None, what): a valid call with a few
     random mutations."""
     case = c.conformance.cases[rng.randrange(len(c.conformance.cases))]
-    sizes = {
-        s: rng.choice([0, 1, 2, 3, 5, 7] if s == c.conformance.batch_dim else [1, 2, 3, 6, 9])
-        for s in case.sizes
-    }
+    sig = signature(c.op)
+    for _ in range(8):  # sizes that meet the contract's constraints, mostly
+        sizes = {
+            s: rng.choice([0, 1, 2, 3, 5, 7] if s == c.conformance.batch_dim else [1, 2, 3, 6, 9])
+            for s in case.sizes
+        }
+        if all(k.holds(**sizes) for k in sig.constraints if not k.when) and rng.random() < 0.9:
+            break
     if "G" in sizes and case.params.get("layout") == "packed":
         sizes["G"] *= 2
     dtype = rng.choice(["float32", "bfloat16", "float16"])
@@ -88,6 +94,12 @@ def mutated_call(c, rng: random.Random, device: str):
                 )
                 params[n] = rng.choice(pool)
                 what.append(f"{n}={params[n]!r}")
+                for other, o_spec in c.params.items():  # keep dependent params consistent
+                    needs = (o_spec.present_when or {}).get(n)
+                    if needs is not None and rng.random() < 0.8:
+                        params[other] = (
+                            rng.choice(VALID_PARAMS[other]) if params[n] in needs else None
+                        )
         elif kind == "odd_param" and c.params:
             n = rng.choice(list(c.params))
             params[n] = rng.choice(ODD_VALUES)

@@ -66,6 +66,10 @@ class TensorSpec(_Strict):
 class ParamSpec(_Strict):
     type: Literal["float", "int", "bool", "str"]
     default: float | int | bool | str | None = None
+    required: bool = Field(False, description="no default: every call gives it")
+    present_when: dict[str, list[str]] | None = Field(
+        None, description="param -> values: given (not None) exactly when the param has one"
+    )
     check: str | None = None
     choices: list[str] | None = None
     doc: str = ""
@@ -310,9 +314,18 @@ def check_value(text: str, value: float) -> str | None:
     return None
 
 
+# Fields added to the schema after tables were stamped: left out of the hash at their
+# default, so that a contract that doesn't use them keeps its hash (and its tuned entries).
+_LATER_FIELDS = {"required": False, "present_when": None}
+
+
 def _numerics_hash(c: Contract) -> str:
     def strip(model: BaseModel, drop: tuple[str, ...] = ("doc",)) -> dict:
-        return {k: v for k, v in model.model_dump(mode="json").items() if k not in drop}
+        return {
+            k: v
+            for k, v in model.model_dump(mode="json").items()
+            if k not in drop and not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])
+        }
 
     data = {
         "op": c.op,
@@ -478,6 +491,18 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
                     out.append((("params", name, "default"), f"default {why}"))
         if p.choices is not None and p.default is not None and p.default not in p.choices:
             out.append((("params", name, "default"), f"default {p.default!r} not among choices"))
+        if p.required and p.default is not None:
+            out.append((("params", name, "required"), "a required param has no default"))
+        for other, vals in (p.present_when or {}).items():
+            choices = c.params[other].choices if other in c.params else None
+            if choices is None or not set(vals) <= set(choices):
+                out.append(
+                    (("params", name, "present_when"), f"'{other}' is not a str param with {vals}")
+                )
+            if p.default is not None:
+                out.append(
+                    (("params", name, "default"), "a param with present_when has no default")
+                )
     for i, k in enumerate(c.constraints):
         try:
             code = compile(k.require, "<constraint>", "eval")

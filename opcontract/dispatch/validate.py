@@ -41,6 +41,8 @@ class ParamRule:
     choices: tuple | None
     terms: tuple[tuple[str, float], ...]  # the parsed check
     check: str | None
+    required: bool = False
+    present_when: tuple[tuple[str, tuple], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ def signature(op: str) -> Signature:
             choices=tuple(p.choices) if p.choices is not None else None,
             terms=tuple(parse_check(p.check)) if p.check else (),
             check=p.check,
+            required=p.required,
+            present_when=tuple((k, tuple(v)) for k, v in (p.present_when or {}).items()),
         )
         for n, p in c.params.items()
     )
@@ -151,6 +155,8 @@ def check_param(sig: Signature, rule: ParamRule, value: Any) -> Any:
     op, name = sig.op, rule.name
     field = f"params.{name}"
     if value is None:
+        if rule.required:
+            raise ContractViolation(op, name, f"{field}.required", "missing (no default)")
         if rule.default is not None:
             raise ContractViolation(op, name, f"{field}.type", "may not be None")
         return None
@@ -206,7 +212,22 @@ def check_param(sig: Signature, rule: ParamRule, value: Any) -> Any:
 
 
 def bind_params(sig: Signature, given: dict[str, Any]) -> dict[str, Any]:
-    return {r.name: check_param(sig, r, given.get(r.name, r.default)) for r in sig.params}
+    params = {r.name: check_param(sig, r, given.get(r.name, r.default)) for r in sig.params}
+    for r in sig.params:
+        for other, vals in r.present_when:
+            wanted = params[other] in vals
+            if wanted and params[r.name] is None:
+                raise ContractViolation(
+                    sig.op, r.name, f"params.{r.name}.present_when",
+                    f"required when {other}={params[other]!r}",
+                )  # fmt: skip
+            if not wanted and params[r.name] is not None:
+                raise ContractViolation(
+                    sig.op, r.name, f"params.{r.name}.present_when",
+                    f"must be None when {other}={params[other]!r} "
+                    f"(it applies only when {other} is one of {list(vals)})",
+                )  # fmt: skip
+    return params
 
 
 def bind(sig: Signature, args: tuple, kwargs: dict) -> BoundCall:

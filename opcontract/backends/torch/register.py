@@ -10,6 +10,7 @@ from opcontract.backends.torch import dense_gemm as dg
 from opcontract.backends.torch import fused_add_rms_norm as fan
 from opcontract.backends.torch import linear_cross_entropy as lce
 from opcontract.backends.torch import normalized_embedding as emb
+from opcontract.backends.torch import qk_norm_rope as qkr
 from opcontract.backends.torch import rms_norm as rn
 from opcontract.backends.torch import softcap_logprob as slp
 from opcontract.backends.torch import swiglu as sw
@@ -204,4 +205,17 @@ register(
         "features": ("library_gemm",),
         "grad_invariances": {"x": (), "weight": (), "bias": ()},
     },
+)
+
+register(
+    op="qk_norm_rope",
+    name="torch.strict_qk",
+    forward=qkr.forward,
+    backward=qkr.backward,
+    plan={
+        "row_square": _plan(block=1, order="tree"),
+        "row_dot": _plan(block=1, order="tree"),
+    },
+    summary="elementwise float32, pairwise-tree head sums, float64 angles rounded once",
+    **{**_STRICT, "grad_invariances": {"q": ("run_to_run", "batch"), "k": ("run_to_run", "batch")}},
 )

@@ -9,6 +9,7 @@ from opcontract.backends.triton import device_reason, missing_library
 from opcontract.backends.triton import fused_add_rms_norm as fan
 from opcontract.backends.triton import linear_cross_entropy as lce
 from opcontract.backends.triton import normalized_embedding as emb
+from opcontract.backends.triton import qk_norm_rope as qkr
 from opcontract.backends.triton import rms_norm as rn
 from opcontract.backends.triton import softcap_logprob as slp
 from opcontract.backends.triton import swiglu as tsw
@@ -153,5 +154,20 @@ register(
         "K loop, or by a second pass over partials computed in parallel), no split-K, "
         "bias in float32"
     ),
+    **_TRITON,
+)
+
+register(
+    op="qk_norm_rope",
+    name="triton.qk",
+    forward=qkr.forward,
+    backward=qkr.backward,
+    layout={"*": "contiguous"},
+    plan={
+        "row_square": _plan(block=1, order="tree"),
+        "row_dot": _plan(block=1, order="tree"),
+    },
+    grad_invariances={"q": ("run_to_run", "batch"), "k": ("run_to_run", "batch")},
+    summary="one program per (token, head): halves' tree sums, float64 angles, one rounding",
     **_TRITON,
 )
