@@ -27,6 +27,7 @@ from opcontract import dispatch
 from opcontract.backends.registry import Implementation
 from opcontract.conformance.inputs import batch_inputs, make_inputs
 from opcontract.contracts.schema import ConformanceCase, Contract
+from opcontract.errors import ContractViolation
 
 
 @dataclass(frozen=True)
@@ -376,14 +377,18 @@ def check_layout(
         if t is None or t.numel() == 0:
             continue
         for kind, view in strided_views(t, gap_value(contract, name, case, t)):
+            dense = {**inputs, name: view.contiguous()}
+            try:
+                want = outputs(run(**dense, **params))
+            except ContractViolation:
+                continue  # these values make no valid call (an expanded index input, say)
             args = {**inputs, name: view}
             before = _snapshot(args)
             got = outputs(run(**args, **params))
             bad = _unchanged(before, args)
             if bad:
                 return CheckResult("layout", False, f"{name} {kind}: {bad}")
-            dense = {**inputs, name: view.contiguous()}
-            bad = _equal(got, outputs(run(**dense, **params)), f"'{name}' as a {kind} view")
+            bad = _equal(got, want, f"'{name}' as a {kind} view")
             if bad:
                 return CheckResult("layout", False, bad)
             done.append(f"{name} {kind}")

@@ -3,6 +3,7 @@ index inputs uniform over their declared range, with a fraction set to the allow
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -42,6 +43,12 @@ def make_inputs(
     ``on_device``: then on ``device`` in float32, for model-sized shapes (a 202048 x 6656
     weight), still seeded and fresh, but not equal across device types.
     """
+    if contract.conformance.make_inputs:
+        module, _, name = contract.conformance.make_inputs.partition(":")
+        build = getattr(importlib.import_module(module), name)
+        return build(
+            contract, case, dtype, sizes=sizes, seed=seed, device=device, on_device=on_device
+        )
     dims = {**case.sizes, **(sizes or {})}
     params = {n: p.default for n, p in contract.params.items()}
     params.update(case.params)

@@ -175,6 +175,13 @@ class ConformanceCase(_Strict):
 class ConformanceSpec(_Strict):
     batch_dim: str
     cases: list[ConformanceCase]
+    make_inputs: str | None = Field(
+        None,
+        description=(
+            "'module:function' building a case's inputs where random ones per input would not "
+            "make a valid call (attention's key store and its tables); make_inputs' signature"
+        ),
+    )
 
 
 Autocast = Literal["lower", "promote", "none"]
@@ -200,6 +207,11 @@ class Contract(_Strict):
     )
     autocast: Autocast = "none"
     nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
+    value_checks: list[str] = Field(
+        default_factory=list,
+        description="'module:function(inputs, params)' raising ContractViolation: checks of "
+        "values a range can't state (run with the index ranges, before any kernel)",
+    )
     named_result: str | None = Field(
         None, description="type of the named tuple returned when an optional output is asked for"
     )

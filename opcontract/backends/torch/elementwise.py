@@ -28,3 +28,11 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(x.double()).float()
+
+
+def exp2(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(x.double()).float()
+
+
+def log2(x: torch.Tensor) -> torch.Tensor:
+    return torch.log2(x.double()).float()

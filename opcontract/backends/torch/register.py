@@ -8,6 +8,7 @@ from opcontract.backends.dense_gemm import strict_declaration
 from opcontract.backends.registry import register
 from opcontract.backends.torch import dense_gemm as dg
 from opcontract.backends.torch import fused_add_rms_norm as fan
+from opcontract.backends.torch import gated_attention as ga
 from opcontract.backends.torch import linear_cross_entropy as lce
 from opcontract.backends.torch import normalized_embedding as emb
 from opcontract.backends.torch import qk_norm_rope as qkr
@@ -218,4 +219,29 @@ register(
     },
     summary="elementwise float32, pairwise-tree head sums, float64 angles rounded once",
     **{**_STRICT, "grad_invariances": {"q": ("run_to_run", "batch"), "k": ("run_to_run", "batch")}},
+)
+
+register(
+    op="gated_attention",
+    name="torch.strict_attention",
+    forward=ga.forward,
+    backward=ga.backward,
+    plan={
+        "qk_d": _plan(block=1),
+        "key_blocks": _plan(block=ga.BLOCK, merge="online_max_rescale"),
+        "key_chunks": _plan(block=ga.CHUNK, merge="online_max_rescale"),
+        "grad_dq_keys": _plan(block=ga.BLOCK),
+        "grad_dkv_queries": _plan(block=ga.QBLOCK),
+        "grad_delta_d": _plan(block=1, order="tree"),
+    },
+    summary="the chunked online softmax row by row, elementwise float32 in a fixed order",
+    **{
+        **_STRICT,
+        "grad_invariances": {
+            "q": ("run_to_run", "batch"),
+            "k": ("run_to_run",),
+            "v": ("run_to_run",),
+            "gate": ("run_to_run", "batch"),
+        },
+    },
 )

@@ -1,0 +1,63 @@
+"""gated_attention's checks of a call's values that every backend relies on (run before any
+kernel, like the contract's index ranges): no two queries of a sequence at one position
+(the backward sums a key's gradient over its queries in position order), every query inside
+its sequence's keys, and every key block a query can see present in the block table. The
+call forms (training, prefill, decode) check more: their tokens' positions consecutive."""
+
+from __future__ import annotations
+
+import torch
+
+from opcontract.contracts import get_contract
+from opcontract.errors import ContractViolation
+
+_C = get_contract("gated_attention")
+BLOCK = _C.reductions["key_blocks"].block
+
+
+def check_call(inputs: dict, params: dict) -> None:
+    positions, seq = inputs["positions"].long(), inputs["seq"].long()
+    block_rows, key_len = inputs["block_rows"], inputs["key_len"].long()
+    if positions.numel() == 0:
+        return
+    live = positions >= 0
+    # distinct positions per sequence: sort the live rows by (sequence, position)
+    key = seq * (1 << 31) + positions
+    sorted_key = torch.sort(key[live]).values
+    dup = sorted_key[1:] == sorted_key[:-1]
+    if bool(dup.any()):
+        k = int(sorted_key[1:][dup][0])
+        raise ContractViolation(
+            "gated_attention", "positions", "inputs.positions.values",
+            f"two queries of sequence {k >> 31} at position {k & ((1 << 31) - 1)}: a "
+            f"sequence's queries must be at distinct positions",
+        )  # fmt: skip
+    if bool((live & (positions >= key_len[seq])).any()):
+        t = int((live & (positions >= key_len[seq])).nonzero()[0, 0])
+        raise ContractViolation(
+            "gated_attention", "positions", "inputs.positions.values",
+            f"query {t} at position {int(positions[t])} but its sequence's keys end at "
+            f"{int(key_len[seq[t]])} (key_len)",
+        )  # fmt: skip
+    # every block from the lowest visible position's block to the query's own must be present
+    if params["layer"] == "local":
+        lo = (positions - params["window"] + 1).clamp(min=0)
+    else:
+        lo = torch.zeros_like(positions)
+    nb = block_rows.shape[1]
+    b = torch.arange(nb, device=positions.device)
+    need = live[:, None] & (b >= lo[:, None] // BLOCK) & (b <= positions[:, None] // BLOCK)
+    absent = block_rows[seq].long() < 0
+    if bool((need & absent).any()):
+        t, blk = (int(x) for x in (need & absent).nonzero()[0])
+        raise ContractViolation(
+            "gated_attention", "block_rows", "inputs.block_rows.values",
+            f"query {t} (sequence {int(seq[t])}, position {int(positions[t])}) sees key "
+            f"block {blk}, which block_rows marks absent (-1)",
+        )  # fmt: skip
+    if bool((positions // BLOCK >= nb).any()):
+        top = int(positions.max())
+        raise ContractViolation(
+            "gated_attention", "block_rows", "inputs.block_rows.shape[1]",
+            f"a query at position {top} needs block {top // BLOCK}, but block_rows has {nb}",
+        )  # fmt: skip

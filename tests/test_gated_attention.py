@@ -1,0 +1,173 @@
+"""gated_attention: a token's output is the same bits in training, prefill (any chunking)
+and decode (any step), alone or beside other sequences, left-padded or packed, whatever the
+KV cache's pages and whenever it evicts; gradients of a sequence don't see its neighbours."""
+
+import pytest
+import torch
+
+from opcontract import ContractViolation, attention, dispatch
+from opcontract.backends.torch.gated_attention import reference
+
+HQ, HKV, D = 4, 2, 8
+
+
+def _seqs(lengths, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        q = torch.randn(n, HQ, D, generator=g).to(dtype)
+        k = torch.randn(n, HKV, D, generator=g).to(dtype)
+        v = torch.randn(n, HKV, D, generator=g).to(dtype)
+        gate = torch.randn(n, HQ, D, generator=g).to(dtype)
+        out.append((q, k, v, gate))
+    return out
+
+
+def _packed(seqs, **kw):
+    cat = [torch.cat([s[i] for s in seqs]) for i in range(4)]
+    cu = torch.tensor([0, *torch.tensor([len(s[0]) for s in seqs]).cumsum(0).tolist()])
+    return attention.packed(*cat, cu, **kw)
+
+
+LAYERS = [dict(layer="global"), dict(layer="local", window=150)]
+
+
+@pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_prefill_and_decode_give_a_token_the_same_bits(kw, dtype):
+    lengths = [530, 140, 7]  # across block (128) and chunk (512) edges and the window
+    seqs = _seqs(lengths, dtype)
+    train = _packed(seqs, **kw)
+    offsets = [0, 530, 670]
+    cache = attention.PagedKVCache(kv_heads=HKV, head_dim=D, dtype=dtype, device="cpu",
+                                   sequences=3, pages=2, **kw)  # fmt: skip
+    chunks = {0: [1, 127, 200, 190], 1: [64, 64], 2: [3]}  # then decode the rest
+    done = [0, 0, 0]
+    for step in range(4):
+        seq_ids, pos, parts = [], [], []
+        for s, sizes in chunks.items():
+            if step < len(sizes):
+                n = sizes[step]
+                seq_ids += [s] * n
+                pos += list(range(done[s], done[s] + n))
+                parts.append((s, done[s], n))
+                done[s] += n
+        if not parts:
+            continue
+        rows = [slice(a, a + n) for s, a, n in parts]
+        q, k, v, gate = (
+            torch.cat([seqs[s][i][r] for (s, _, _), r in zip(parts, rows, strict=True)])
+            for i in range(4)
+        )
+        out = cache.step(torch.tensor(seq_ids), torch.tensor(pos), q, k, v, gate)
+        i = 0
+        for s, a, n in parts:
+            assert torch.equal(out[i : i + n], train[offsets[s] + a : offsets[s] + a + n])
+            i += n
+    while any(done[s] < lengths[s] for s in range(3)):  # decode: one token per live sequence
+        live = [s for s in range(3) if done[s] < lengths[s]]
+        q, k, v, gate = (torch.stack([seqs[s][i][done[s]] for s in live]) for i in range(4))
+        out = cache.step(torch.tensor(live), torch.tensor([done[s] for s in live]), q, k, v, gate)
+        for j, s in enumerate(live):
+            assert torch.equal(out[j], train[offsets[s] + done[s]])
+            done[s] += 1
+    if kw["layer"] == "local":
+        assert cache.pages_evicted > 0  # eviction happened, and changed nothing
+
+
+@pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
+def test_alone_beside_others_and_left_padded_are_equal(kw):
+    seqs = _seqs([300, 45, 200], seed=1)
+    together = _packed(seqs, **kw)
+    alone = _packed(seqs[2:], **kw)
+    assert torch.equal(together[345:], alone)
+    reordered = _packed([seqs[2], seqs[0], seqs[1]], **kw)
+    assert torch.equal(reordered[:200], alone)
+    L = 310  # the same sequences left-padded to one length
+    pad = [torch.stack([torch.cat([torch.zeros(L - len(s[i]), *s[i].shape[1:]), s[i]])
+                        for s in seqs]) for i in range(4)]  # fmt: skip
+    mask = torch.stack([torch.cat([torch.zeros(L - len(s[0])), torch.ones(len(s[0]))])
+                        for s in seqs])  # fmt: skip
+    out = attention.padded(*pad, mask, **kw)
+    assert torch.equal(out[2, L - 200 :], alone)
+    assert torch.equal(out[0, L - 300 :], together[:300])
+    assert not out[1, : L - 45].any()  # padding rows: 0
+
+
+def test_eviction_timing_changes_nothing():
+    kw = dict(layer="local", window=100)
+    (q, k, v, gate), = _seqs([400], seed=2)  # fmt: skip
+    outs = []
+    for every in (1, 7, None):
+        cache = attention.PagedKVCache(kv_heads=HKV, head_dim=D, dtype=torch.float32,
+                                       device="cpu", sequences=1, **kw)  # fmt: skip
+        rows = []
+        for p in range(400):
+            rows.append(cache.step(torch.tensor([0]), torch.tensor([p]), q[p : p + 1],
+                                   k[p : p + 1], v[p : p + 1], gate[p : p + 1],
+                                   evict=every is not None and p % every == 0))  # fmt: skip
+        outs.append(torch.cat(rows))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
+def test_a_sequences_gradients_do_not_see_its_neighbours(kw):
+    seqs = _seqs([200, 33, 150], seed=3)
+
+    def grads(group):
+        leaves = [[t.clone().requires_grad_() for t in s] for s in group]
+        out = _packed(leaves, **kw)
+        n_last = len(group[-1][0])
+        up = torch.randn(out[-n_last:].shape, generator=torch.Generator().manual_seed(9))
+        (out[-n_last:] * up).sum().backward()
+        return [t.grad for t in leaves[-1]]
+
+    alone = grads(seqs[2:])
+    beside = grads(seqs)
+    for a, b in zip(alone, beside, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_accuracy_against_float64():
+    seqs = _seqs([260, 90], seed=4)
+    cat = [torch.cat([s[i] for s in seqs]) for i in range(4)]
+    out = _packed(seqs, layer="local", window=70)
+    pos = torch.cat([torch.arange(260), torch.arange(90)])
+    seq = torch.cat([torch.zeros(260), torch.ones(90)]).long()
+    table = torch.tensor([[0, 128, 256], [260, -1, -1]])
+    ref = reference(*(t.double() for t in cat), pos, seq, table, torch.tensor([260, 90]),
+                    layer="local", window=70)  # fmt: skip
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_bad_calls_are_violations():
+    (q, k, v, gate), = _seqs([10])  # fmt: skip
+    cu = torch.tensor([0, 10])
+    with pytest.raises(ContractViolation, match="'window'.*must be None when layer='global'"):
+        attention.packed(q, k, v, gate, cu, layer="global", window=5)
+    with pytest.raises(ContractViolation, match="'window'.*required when layer='local'"):
+        attention.packed(q, k, v, gate, cu, layer="local")
+    with pytest.raises(ContractViolation, match="'q'.*multiple of the number of KV heads"):
+        attention.packed(q[:, :3], k, v, gate[:, :3], cu, layer="global")
+    with pytest.raises(ContractViolation, match="'k'.*D = 4 here but D = 8"):
+        attention.packed(q, k[..., :4], v, gate, cu, layer="global")
+    cache = attention.PagedKVCache(layer="global", kv_heads=HKV, head_dim=D,
+                                   dtype=torch.float32, device="cpu", sequences=1)  # fmt: skip
+    cache.step(torch.tensor([0]), torch.tensor([0]), q[:1], k[:1], v[:1], gate[:1])
+    with pytest.raises(ContractViolation, match="next position is 1, got 3"):
+        cache.step(torch.tensor([0]), torch.tensor([3]), q[:1], k[:1], v[:1], gate[:1])
+    before = cache.k.clone()
+    with pytest.raises(ContractViolation, match="bfloat16"):
+        cache.step(torch.tensor([0]), torch.tensor([1]), q[:1], k[:1].bfloat16(), v[:1],
+                   gate[:1])  # fmt: skip
+    assert torch.equal(cache.k, before) and int(cache.lengths[0]) == 1  # nothing written
+    with pytest.raises(ContractViolation, match="window"):
+        attention.PagedKVCache(layer="global", window=8, kv_heads=HKV, head_dim=D,
+                               dtype=torch.float32, device="cpu", sequences=1)  # fmt: skip
+    # the op itself: a query that sees an evicted block
+    pos, seq = torch.tensor([300]), torch.tensor([0])
+    table = torch.tensor([[-1, 128, 256]])
+    with pytest.raises(ContractViolation, match="'block_rows'.*absent"):
+        dispatch.op("gated_attention")(q[:1], torch.randn(400, HKV, D), torch.randn(400, HKV, D),
+                                       gate[:1], pos, seq, table, torch.tensor([301]),
+                                       layer="global")  # fmt: skip
