@@ -30,17 +30,25 @@ def _packed(seqs, **kw):
 
 
 LAYERS = [dict(layer="global"), dict(layer="local", window=150)]
+BACKENDS = ["torch", "triton"]  # Triton under the interpreter on the CPU
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    if request.param == "triton" and not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return request.param
 
 
 @pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_training_prefill_and_decode_give_a_token_the_same_bits(kw, dtype):
+def test_training_prefill_and_decode_give_a_token_the_same_bits(kw, dtype, backend):
     lengths = [530, 140, 7]  # across block (128) and chunk (512) edges and the window
     seqs = _seqs(lengths, dtype)
-    train = _packed(seqs, **kw)
+    train = _packed(seqs, backend=backend, **kw)
     offsets = [0, 530, 670]
     cache = attention.PagedKVCache(kv_heads=HKV, head_dim=D, dtype=dtype, device="cpu",
-                                   sequences=3, pages=2, **kw)  # fmt: skip
+                                   sequences=3, pages=2, backend=backend, **kw)  # fmt: skip
     chunks = {0: [1, 127, 200, 190], 1: [64, 64], 2: [3]}  # then decode the rest
     done = [0, 0, 0]
     for step in range(4):
@@ -76,8 +84,9 @@ def test_training_prefill_and_decode_give_a_token_the_same_bits(kw, dtype):
 
 
 @pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
-def test_alone_beside_others_and_left_padded_are_equal(kw):
+def test_alone_beside_others_and_left_padded_are_equal(kw, backend):
     seqs = _seqs([300, 45, 200], seed=1)
+    kw = dict(kw, backend=backend)
     together = _packed(seqs, **kw)
     alone = _packed(seqs[2:], **kw)
     assert torch.equal(together[345:], alone)
@@ -94,15 +103,15 @@ def test_alone_beside_others_and_left_padded_are_equal(kw):
     assert not out[1, : L - 45].any()  # padding rows: 0
 
 
-def test_eviction_timing_changes_nothing():
-    kw = dict(layer="local", window=100)
-    (q, k, v, gate), = _seqs([400], seed=2)  # fmt: skip
+def test_eviction_timing_changes_nothing(backend):
+    kw = dict(layer="local", window=100, backend=backend)
+    (q, k, v, gate), = _seqs([300], seed=2)  # fmt: skip
     outs = []
     for every in (1, 7, None):
         cache = attention.PagedKVCache(kv_heads=HKV, head_dim=D, dtype=torch.float32,
                                        device="cpu", sequences=1, **kw)  # fmt: skip
         rows = []
-        for p in range(400):
+        for p in range(300):
             rows.append(cache.step(torch.tensor([0]), torch.tensor([p]), q[p : p + 1],
                                    k[p : p + 1], v[p : p + 1], gate[p : p + 1],
                                    evict=every is not None and p % every == 0))  # fmt: skip

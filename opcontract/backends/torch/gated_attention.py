@@ -205,6 +205,7 @@ def strict_attention(q, k, v, positions, seq, block_rows, key_len, layer, window
             run_m = torch.where(has, run_m_new, run_m)
     seen = run_l != 0  # no visible key: 0 (NaN stays NaN)
     attn = torch.where(seen[..., None], run_o / torch.where(seen, run_l, 1.0)[..., None], 0.0)
+    attn = attn + 0.0  # a zero is +0, whichever way its products rounded
     lse = torch.where(seen, run_m + ew.log2(torch.where(seen, run_l, 1.0)), -math.inf)
     return attn, lse
 

@@ -7,6 +7,7 @@ from opcontract.backends.registry import register
 from opcontract.backends.triton import dense_gemm as dg
 from opcontract.backends.triton import device_reason, missing_library
 from opcontract.backends.triton import fused_add_rms_norm as fan
+from opcontract.backends.triton import gated_attention as ga
 from opcontract.backends.triton import linear_cross_entropy as lce
 from opcontract.backends.triton import normalized_embedding as emb
 from opcontract.backends.triton import qk_norm_rope as qkr
@@ -169,5 +170,30 @@ register(
     },
     grad_invariances={"q": ("run_to_run", "batch"), "k": ("run_to_run", "batch")},
     summary="one program per (token, head): halves' tree sums, float64 angles, one rounding",
+    **_TRITON,
+)
+
+register(
+    op="gated_attention",
+    name="triton.attention",
+    forward=ga.forward,
+    backward=ga.backward,
+    layout={"*": "contiguous"},
+    plan={
+        "qk_d": _plan(block=16),
+        "key_blocks": _plan(block=ga.BLOCK, merge="online_max_rescale"),
+        "key_chunks": _plan(block=ga.CHUNK_BLOCKS * ga.BLOCK, merge="online_max_rescale"),
+        "grad_dq_keys": _plan(block=ga.BLOCK),
+        "grad_dkv_queries": _plan(block=ga.BLOCK),
+        "grad_delta_d": _plan(block=1, order="tree"),
+    },
+    grad_invariances={
+        "q": ("run_to_run", "batch"),
+        "k": ("run_to_run",),
+        "v": ("run_to_run",),
+        "gate": ("run_to_run", "batch"),
+    },
+    features=("approx_transcendentals",),
+    summary="GQA rows of one sequence a tile, position-aligned key blocks, chunks merged in order",
     **_TRITON,
 )
