@@ -26,7 +26,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def packed(q, k, v, gate, cu_seqlens, *, layer, window=None, scale=None, backend=None):
+def _fn(backend: str | None, config: dict | None):
+    if backend is None and config is None:
+        return _op
+    return dispatch.op("gated_attention", backend=backend, config=config)
+
+
+def packed(q, k, v, gate, cu_seqlens, *, layer, window=None, scale=None, backend=None,
+           config=None):  # fmt: skip
     """Training over packed sequences: q, gate [T, Hq, D], k, v [T, Hkv, D], sequence s at
     rows cu_seqlens[s] .. cu_seqlens[s + 1] - 1, its tokens at positions 0, 1, ..."""
     cu = [int(x) for x in cu_seqlens.tolist()]
@@ -51,12 +58,13 @@ def packed(q, k, v, gate, cu_seqlens, *, layer, window=None, scale=None, backend
         seq[a : a + n] = s
         positions[a : a + n] = torch.arange(n)
     key_len = torch.tensor(lens, dtype=torch.int64)
-    f = _op if backend is None else dispatch.op("gated_attention", backend=backend)
+    f = _fn(backend, config)
     return f(q, k, v, gate, positions.to(dev), seq.to(dev), table.to(dev), key_len.to(dev),
              layer=layer, window=window, scale=scale)  # fmt: skip
 
 
-def padded(q, k, v, gate, attention_mask, *, layer, window=None, scale=None, backend=None):
+def padded(q, k, v, gate, attention_mask, *, layer, window=None, scale=None, backend=None,
+           config=None):  # fmt: skip
     """Training over a padded batch: q, gate [B, L, Hq, D], k, v [B, L, Hkv, D] and
     attention_mask [B, L] (1 where a token is real). Each row's real tokens must be one run
     (left or right padding, no holes); its first real token is position 0. Padding rows give 0."""
@@ -79,7 +87,7 @@ def padded(q, k, v, gate, attention_mask, *, layer, window=None, scale=None, bac
     pos = torch.where(m, torch.cumsum(m.long(), dim=1) - 1, -1).reshape(-1)
     seq = torch.arange(B).repeat_interleave(L)
     dev = q.device
-    f = _op if backend is None else dispatch.op("gated_attention", backend=backend)
+    f = _fn(backend, config)
     out = f(q.reshape(B * L, *q.shape[2:]), k.reshape(B * L, *k.shape[2:]),
             v.reshape(B * L, *v.shape[2:]), gate.reshape(B * L, *gate.shape[2:]), pos.to(dev),
             seq.to(dev), table.to(dev), counts.to(dev), layer=layer, window=window,
@@ -101,7 +109,8 @@ class PagedKVCache:
 
     def __init__(self, *, layer: str, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device, sequences: int, window: int | None = None, scale: float | None = None,
-                 backend: str | None = None, pages: int = 16) -> None:  # fmt: skip
+                 backend: str | None = None, config: dict | None = None,
+                 pages: int = 16) -> None:  # fmt: skip
         if layer not in ("local", "global"):
             raise ContractViolation("gated_attention", "layer", "cache.layer", f"{layer!r}")
         if (layer == "local") != (window is not None):
@@ -112,7 +121,7 @@ class PagedKVCache:
         self.layer, self.window, self.scale = layer, window, scale
         self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, dtype
         self.device = torch.device(device)
-        self._f = _op if backend is None else dispatch.op("gated_attention", backend=backend)
+        self._f = _fn(backend, config)
         self.k = torch.zeros(pages * BLOCK, kv_heads, head_dim, dtype=dtype, device=self.device)
         self.v = torch.zeros_like(self.k)
         self.free = list(range(pages))[::-1]
@@ -121,18 +130,32 @@ class PagedKVCache:
         self.pages_evicted = 0
 
     # -- bookkeeping (host side)
-    def _check(self, seq, positions, k, v) -> list[tuple[int, int, int]]:
+    def _check(self, seq, positions, k, v, q=None, gate=None) -> list[tuple[int, int, int]]:
         """(token index, sequence, position) of every token, after validating the step."""
-        for name, t, heads in (("k", k, self.kv_heads), ("v", v, self.kv_heads)):
+        parts = [("k", k, self.kv_heads), ("v", v, self.kv_heads)]
+        if q is not None:
+            hq = q.shape[1] if q.dim() == 3 and q.shape[1] % self.kv_heads == 0 else -1
+            parts += [("q", q, hq), ("gate", gate, hq)]
+        for name, t, heads in parts:
+            if t.dim() != 3 or t.shape[0] != k.shape[0]:
+                raise ContractViolation(
+                    "gated_attention", name, "cache.geometry",
+                    f"must be [tokens={k.shape[0]}, heads, {self.head_dim}], got {tuple(t.shape)}",
+                )  # fmt: skip
             if t.dtype != self.dtype or t.device != self.device:
                 raise ContractViolation(
                     "gated_attention", name, "cache.dtype",
                     f"is {t.dtype} on {t.device}; the cache holds {self.dtype} on {self.device}",
                 )  # fmt: skip
             if tuple(t.shape[1:]) != (heads, self.head_dim):
+                want = (
+                    (heads, self.head_dim)
+                    if heads > 0
+                    else f"(k x {self.kv_heads}, {self.head_dim})"
+                )
                 raise ContractViolation(
                     "gated_attention", name, "cache.geometry",
-                    f"has heads x dim {tuple(t.shape[1:])}; the cache {(heads, self.head_dim)}",
+                    f"has heads x dim {tuple(t.shape[1:])}; the cache {want}",
                 )  # fmt: skip
         seqs, pos = seq.tolist(), positions.tolist()
         nxt = {}
@@ -163,10 +186,10 @@ class PagedKVCache:
             self.free = list(range(2 * n - 1, n - 1, -1))
         return self.free.pop()
 
-    def append(self, seq, positions, k, v) -> None:
-        """Write the tokens' keys and values (all checks first: a step that raises writes
-        nothing)."""
-        tokens = self._check(seq, positions, k, v)
+    def append(self, seq, positions, k, v, *, q=None, gate=None) -> None:
+        """Write the tokens' keys and values (all checks first, of q and gate too when
+        given: a step that raises writes nothing)."""
+        tokens = self._check(seq, positions, k, v, q, gate)
         top = max((p for _, _, p in tokens), default=-1)
         self._ensure(top // BLOCK + 1)
         rows = []
@@ -206,7 +229,7 @@ class PagedKVCache:
 
     def step(self, seq, positions, q, k, v, gate, *, evict: bool = True):
         """Append, attend, then (local layers) evict: one prefill chunk or decode step."""
-        self.append(seq, positions, k, v)
+        self.append(seq, positions, k, v, q=q, gate=gate)
         out = self.attend(seq, positions, q, gate)
         if evict:
             self.evict()

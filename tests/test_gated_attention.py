@@ -120,21 +120,51 @@ def test_eviction_timing_changes_nothing(backend):
 
 
 @pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
-def test_a_sequences_gradients_do_not_see_its_neighbours(kw):
-    seqs = _seqs([200, 33, 150], seed=3)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_sequences_gradients_do_not_see_its_neighbours(kw, dtype, backend):
+    seqs = _seqs([200, 33, 150], dtype, seed=3)
 
     def grads(group):
         leaves = [[t.clone().requires_grad_() for t in s] for s in group]
-        out = _packed(leaves, **kw)
+        out = _packed(leaves, backend=backend, **kw)
         n_last = len(group[-1][0])
         up = torch.randn(out[-n_last:].shape, generator=torch.Generator().manual_seed(9))
-        (out[-n_last:] * up).sum().backward()
+        (out[-n_last:].float() * up).sum().backward()
         return [t.grad for t in leaves[-1]]
 
     alone = grads(seqs[2:])
     beside = grads(seqs)
     for a, b in zip(alone, beside, strict=True):
         assert torch.equal(a, b)
+    again = grads(seqs)  # run to run
+    for a, b in zip(again, beside, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
+def test_gradients_against_float64(kw, backend):
+    """dq, dk, dv and d gate of both backends within the contract's gradient tolerance of the
+    float64 oracle's (float32 and bfloat16)."""
+    from opcontract.contracts import get_contract
+
+    tol = get_contract("gated_attention").grad_tolerance
+    lengths = [200, 33, 150]
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    seq = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+    table = torch.tensor([[0, 128], [200, -1], [233, 361]])
+    for dtype in (torch.float32, torch.bfloat16):
+        cat = [torch.cat([s[i] for s in _seqs(lengths, dtype, seed=5)]) for i in range(4)]
+        up = torch.randn(cat[0].shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        leaves = [t.clone().requires_grad_() for t in cat]
+        out = _packed([[t[a:b] for t in leaves] for a, b in ((0, 200), (200, 233), (233, 383))],
+                      backend=backend, **kw)  # fmt: skip
+        (out.float() * up.float()).sum().backward()
+        oracle = [t.double().requires_grad_() for t in cat]
+        ref = reference(*oracle, pos, seq, table, torch.tensor(lengths), **kw)
+        (ref * up.double()).sum().backward()
+        for name, a, r in zip("q k v gate".split(), leaves, oracle, strict=True):
+            err = ((a.grad.double() - r.grad).norm() / r.grad.norm()).item()
+            assert err < tol[str(dtype).split(".")[1]], (dtype, name, err)
 
 
 def test_accuracy_against_float64():
@@ -170,6 +200,12 @@ def test_bad_calls_are_violations():
         cache.step(torch.tensor([0]), torch.tensor([1]), q[:1], k[:1].bfloat16(), v[:1],
                    gate[:1])  # fmt: skip
     assert torch.equal(cache.k, before) and int(cache.lengths[0]) == 1  # nothing written
+    for bad_q, bad_gate, name in ((q[:1].bfloat16(), gate[:1], "'q'"),
+                                  (q[:1], gate[:1, :2], "'gate'"),
+                                  (q[:1, :3], gate[:1, :3], "'q'")):  # fmt: skip
+        with pytest.raises(ContractViolation, match=name):
+            cache.step(torch.tensor([0]), torch.tensor([1]), bad_q, k[:1], v[:1], bad_gate)
+        assert torch.equal(cache.k, before) and int(cache.lengths[0]) == 1
     with pytest.raises(ContractViolation, match="window"):
         attention.PagedKVCache(layer="global", window=8, kv_heads=HKV, head_dim=D,
                                dtype=torch.float32, device="cpu", sequences=1)  # fmt: skip
@@ -180,3 +216,54 @@ def test_bad_calls_are_violations():
         dispatch.op("gated_attention")(q[:1], torch.randn(400, HKV, D), torch.randn(400, HKV, D),
                                        gate[:1], pos, seq, table, torch.tensor([301]),
                                        layer="global")  # fmt: skip
+
+
+@pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=600)],
+                         ids=["global", "local"])  # fmt: skip
+def test_split_decode_gives_the_fused_bits(kw):
+    """Chunk partials in parallel then the ordered merge = the fused kernel, bitwise: in
+    prefill chunks and decode steps across chunk (512) edges, against training."""
+    lengths = [1100, 520, 9]
+    seqs = _seqs(lengths, torch.bfloat16, seed=5)
+    train = _packed(seqs, backend="triton", config={"split": 0}, **kw)
+    offsets = [0, 1100, 1620]
+    cache = attention.PagedKVCache(kv_heads=HKV, head_dim=D, dtype=torch.bfloat16,
+                                   device="cpu", sequences=3, backend="triton",
+                                   config={"split": 1}, **kw)  # fmt: skip
+    prompt = [1090, 510, 3]
+    for s, n in enumerate(prompt):  # prefill, split across up to 3 chunks a tile
+        q, k, v, gate = (t[:n] for t in seqs[s])
+        out = cache.step(torch.full((n,), s), torch.arange(n), q, k, v, gate)
+        assert torch.equal(out, train[offsets[s] : offsets[s] + n])
+    done = list(prompt)
+    while any(done[s] < lengths[s] for s in range(3)):
+        live = [s for s in range(3) if done[s] < lengths[s]]
+        q, k, v, gate = (torch.stack([seqs[s][i][done[s]] for s in live]) for i in range(4))
+        out = cache.step(torch.tensor(live), torch.tensor([done[s] for s in live]), q, k, v, gate)
+        for j, s in enumerate(live):
+            assert torch.equal(out[j], train[offsets[s] + done[s]]), (s, done[s])
+            done[s] += 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=2048)],
+                         ids=["global", "local"])  # fmt: skip
+def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
+    """32 q heads on 2 KV heads, head_dim 128, bf16: the tensor cores give a token the same
+    bits in a training tile, a prefill chunk's tile and a decode tile, fused or split."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    L = 3000
+    q, gate = (torch.randn(L, 32, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(L, 2, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
+    for split in (0, 1):
+        cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,
+                                       device="cuda", sequences=1, backend="triton",
+                                       config={"split": split}, **kw)  # fmt: skip
+        a = 0
+        for n in (1, 127, 641, 2047, 180, 1, 1, 1, 1, 1):
+            r = slice(a, a + n)
+            out = cache.step(torch.zeros(n, dtype=torch.long), torch.arange(a, a + n), q[r],
+                             k[r], v[r], gate[r])  # fmt: skip
+            assert torch.equal(out, train[r]), (split, a, n)
+            a += n

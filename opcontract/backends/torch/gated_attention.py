@@ -250,33 +250,34 @@ def backward(config, saved, grads, needs, *, layer, window, scale):
             q32, k, v, block_rows, seq, positions, klen, b, G, c, layer, window, q.dtype
         )
         p = ew.exp2(s2 - lse0[..., None])  # 0 where masked
-        ds = torch.where(vis[:, None, :], p * (_dot_d(dA, vb) - delta[..., None]), 0.0)
+        ds = torch.where(vis[:, None, :], p * (_dot_d(dA_in, vb) - delta[..., None]), 0.0)
+        ds = ds.to(q.dtype).float()
         kb = _gather(k, block_rows, seq, b).repeat_interleave(G, dim=2).permute(0, 2, 1, 3)
-        dq = dq + tree_sum((ds[..., None] * kb).transpose(-1, -2)) * sc32
+        dq = dq + tree_sum((ds[..., None] * kb).transpose(-1, -2))
         p_in = p.to(q.dtype).float()
         for sq, rows_t in by_seq.items():
             _add_kv(dk, dv, sq, b, rows_t, ds, p_in, q32, dA_in, positions, block_rows,
-                    key_len, G, sc32)  # fmt: skip
+                    key_len, G)  # fmt: skip
     return {
-        "q": dq.to(q.dtype) if needs["q"] else None,
-        "k": dk.to(k.dtype) if needs["k"] else None,
+        "q": (dq * sc32).to(q.dtype) if needs["q"] else None,
+        "k": (dk * sc32).to(k.dtype) if needs["k"] else None,
         "v": dv.to(v.dtype) if needs["v"] else None,
         "gate": d_gate if needs["gate"] else None,
     }
 
 
 def _dot_d(dA, vb):
-    """dP [T, Hq, BLOCK] = dA . v over D, ascending."""
+    """dP [T, Hq, BLOCK] = dA . v over D, ascending (dA already in the input dtype)."""
     acc = torch.zeros(vb.shape[:3], dtype=torch.float32, device=dA.device)
     for d in range(dA.shape[-1]):
         acc = acc + dA[:, :, d : d + 1] * vb[..., d]
     return acc
 
 
-def _add_kv(dk, dv, sq, b, rows_t, ds, p_in, q32, dA_in, positions, block_rows, key_len, G, sc):
-    """dk and dv of key block b of sequence sq: its query rows (ascending positions) in blocks
-    of QBLOCK positions, each block's terms summed (rows ascending, heads ascending) into a
-    fresh partial, the partials added in ascending order."""
+def _add_kv(dk, dv, sq, b, rows_t, ds, p_in, q32, dA_in, positions, block_rows, key_len, G):
+    """dk / scale and dv of key block b of sequence sq: its query rows (ascending positions)
+    in blocks of QBLOCK positions, each block's terms summed (rows ascending, heads ascending)
+    into a fresh partial, the partials added in ascending order."""
     row0 = int(block_rows[sq, b])
     n = min(BLOCK, int(key_len[sq]) - b * BLOCK)
     if row0 < 0 or n <= 0:
@@ -292,7 +293,7 @@ def _add_kv(dk, dv, sq, b, rows_t, ds, p_in, q32, dA_in, positions, block_rows, 
             t = rows_t[i]
             for h in range(q32.shape[1]):
                 kv = h // G
-                part_k[kv] = part_k[kv] + (ds[t, h, :n, None] * q32[t, h]) * sc
+                part_k[kv] = part_k[kv] + ds[t, h, :n, None] * q32[t, h]
                 part_v[kv] = part_v[kv] + p_in[t, h, :n, None] * dA_in[t, h]
             i += 1
         tot_k = part_k if tot_k is None else tot_k + part_k

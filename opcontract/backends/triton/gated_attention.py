@@ -1,8 +1,10 @@
 """Host code of the Triton gated_attention: the tile table (runs of a sequence's query rows,
-BLOCK_M // G tokens a tile), the launch, and (for now) the backward through the torch strict
-path's formulas on the Triton forward's residuals."""
+BLOCK_M // G tokens a tile), the backward's query slots (token rows by position), the
+launches."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -34,31 +36,180 @@ def tiles(seq: torch.Tensor, per_tile: int) -> torch.Tensor:
     return torch.tensor(out or [(0, 0, 0)], dtype=torch.int32, device=seq.device)
 
 
-def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):
-    """(out, lse, attn)."""
+CONFIG_SPACE = {
+    "split": (0, 1),  # split decode: chunk partials in parallel, then the ordered merge
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3),
+}
+
+
+def default_config(call=None) -> dict:
+    """Fused unless the tiles alone leave most of the GPU idle (decode at small batch):
+    a function of the call's shape bucket only, and no choice changes a bit."""
+    return {"split": -1, "num_warps": 8, "num_stages": 2}
+
+
+def _split_pays(n_programs: int, n_chunks: int, device) -> bool:
+    if device.type != "cuda" or n_chunks < 2:
+        return False
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return n_programs < sms
+
+
+def chunks_per_tile(table: torch.Tensor, positions: torch.Tensor, window: int, local: bool) -> int:
+    """The most key chunks any tile's rows span (the split grid's second axis), by the
+    kernels' own rule: chunks b_lo // CHUNK_BLOCKS .. b_hi // CHUNK_BLOCKS of the tile."""
+    pos = positions.tolist()
+    most = 0
+    for row0, n, _ in table.tolist():
+        p = [x for x in pos[row0 : row0 + n] if x >= 0]
+        if not p:
+            continue
+        lo = max(min(p) - window + 1, 0) if local else 0
+        most = max(most, max(p) // ref.CHUNK - lo // ref.CHUNK + 1)
+    return most
+
+
+@dataclass
+class ForwardPlan:
+    """What the host decides for one forward (tile table, fused or split, workspace):
+    ``run_forward`` then only launches kernels, so a decode step can be graph-captured."""
+
+    table: torch.Tensor
+    split: bool
+    n_chunks: int
+    meta: dict
+    c: float
+    window: int
+    workspace: tuple[torch.Tensor, ...] = ()
+
+
+def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale) -> ForwardPlan:
+    """The plan of a forward call. ``config`` keys: CONFIG_SPACE's (split -1: decide by
+    occupancy); no choice changes a bit."""
+    cfg = default_config()
+    cfg.update(config or {})
+    _, Hq, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    NB = block_rows.shape[1]
+    block_m = max(BLOCK_M, _pow2(G))
+    table = tiles(seq, max(1, block_m // G))
+    local = layer == "local"
+    split = int(cfg["split"])
+    if split < 0:
+        split = int(_split_pays(table.shape[0] * Hkv, -(-NB // CHUNK_BLOCKS), q.device))
+    n_chunks = chunks_per_tile(table, positions, int(window or 0), local) if split else 0
+    meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
+                BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
+                num_stages=int(cfg["num_stages"]))  # fmt: skip
+    plan = ForwardPlan(table, bool(split and n_chunks > 1), n_chunks, meta,
+                       ref.score_factor(D, scale), int(window or 0))  # fmt: skip
+    if plan.split:
+        slots = table.shape[0] * n_chunks * Hkv * block_m
+        part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
+        part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
+        plan.workspace = (part_m, torch.empty_like(part_m), part_o)
+    return plan
+
+
+def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len, out, attn,
+                lse) -> None:  # fmt: skip
+    """Launch the plan's kernels (no host sync, no allocation)."""
     from opcontract.backends.triton import gated_attention_kernels as kk
 
     T, Hq, D = q.shape
     N, Hkv, _ = k.shape
-    G = Hq // Hkv
+    G, NB, n = Hq // Hkv, block_rows.shape[1], plan.table.shape[0]
+    ieee = q.dtype == torch.float32
+    if not plan.split:
+        launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows, key_len,
+               plan.table, out, attn, lse, T, N, Hq, Hkv, G, D, NB, plan.window, plan.c,
+               IEEE=ieee, **plan.meta)  # fmt: skip
+        return
+    part_m, part_l, part_o = plan.workspace
+    launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
+           key_len, plan.table, part_m, part_l, part_o, T, N, Hq, Hkv, G, D, NB, plan.n_chunks,
+           plan.window, plan.c, IEEE=ieee, **plan.meta)  # fmt: skip
+    launch(kk._attn_merge_kernel, (n, Hkv), gate, positions, key_len, plan.table, part_m,
+           part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks, plan.window,
+           **plan.meta)  # fmt: skip
+
+
+def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):
+    """(out, lse, attn): ``plan_forward`` then ``run_forward``."""
+    T, Hq, D = q.shape
     out = torch.empty_like(q)
     attn = torch.empty((T, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse, attn
-    block_m = min(BLOCK_M, _pow2(G)) if G > BLOCK_M // 2 else BLOCK_M
-    block_m = max(block_m, _pow2(G))
-    table = tiles(seq, max(1, block_m // G))
-    c = ref.score_factor(D, scale)
-    launch(kk._attn_fwd_kernel, (table.shape[0], Hkv), q, k, v, gate, positions,
-           block_rows, key_len, table, out, attn, lse, T, N, Hq, Hkv, G, D,
-           block_rows.shape[1], int(window or 0), c, LOCAL=layer == "local",
-           INTERPRET=interpreting(), IEEE=q.dtype == torch.float32, BLOCK_M=block_m,
-           BLOCK=BLOCK, BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS,
-           num_warps=4 if block_m <= 64 else 8)  # fmt: skip
+    plan = plan_forward(config, q, k, positions, seq, block_rows, layer=layer, window=window,
+                        scale=scale)  # fmt: skip
+    run_forward(plan, q, k, v, gate, positions, block_rows, key_len, out, attn, lse)
     return out, lse, attn
 
 
+def query_slots(positions, seq, S: int, NB: int) -> torch.Tensor:
+    """[S, NB, BLOCK] int32: the token row of each position of each sequence, -1 where the
+    call has no query there (the backward's query blocks, indexed by position)."""
+    qrow = torch.full((S * NB * BLOCK,), -1, dtype=torch.int32, device=positions.device)
+    live = positions >= 0
+    rows = torch.arange(positions.shape[0], dtype=torch.int32, device=positions.device)
+    qrow[seq[live].long() * (NB * BLOCK) + positions[live].long()] = rows[live]
+    return qrow.view(S, NB, BLOCK)
+
+
 def backward(config, saved, grads, needs, *, layer, window, scale):
-    """The contract's backward (P recomputed from the forward's lse), by the strict path."""
-    return ref.backward(config, saved, grads, needs, layer=layer, window=window, scale=scale)
+    """The contract's backward: d gate, A = dA and delta per row, then dq per tile of query
+    rows and dk, dv per key block (no atomics: every gradient row written by one program)."""
+    from opcontract.backends.triton import gated_attention_kernels as kk
+
+    q, k, v, gate = saved["q"], saved["k"], saved["v"], saved["gate"]
+    positions, seq, block_rows, key_len = (
+        saved["positions"], saved["seq"], saved["block_rows"], saved["key_len"]
+    )  # fmt: skip
+    lse, attn = saved["lse"], saved["attn"]
+    T, Hq, D = q.shape
+    N, Hkv, _ = k.shape
+    S, NB = block_rows.shape
+    G = Hq // Hkv
+    g = grads["out"]
+    g = torch.zeros_like(q) if g is None else g.contiguous()
+    d_gate = torch.empty_like(gate)
+    da = torch.empty_like(q)
+    delta = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
+    dq = torch.zeros_like(q)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    if T == 0:
+        return _needed(needs, dq, dk, dv, d_gate)
+    interp, ieee = interpreting(), q.dtype == torch.float32
+    c = ref.score_factor(D, scale)
+    sc = float(torch.tensor(ref.softmax_scale(D, scale), dtype=torch.float32))
+    rows = 32
+    launch(kk._attn_bwd_pre_kernel, (-(-T * Hq // rows),), g, gate, attn, d_gate, da,
+           delta, T * Hq, D, INTERPRET=interp, ROWS=rows, BLOCK_D=_pow2(D))  # fmt: skip
+    common = dict(LOCAL=layer == "local", INTERPRET=interp, IEEE=ieee, BLOCK=BLOCK,
+                  BLOCK_D=_pow2(D))  # fmt: skip
+    if needs["q"]:
+        block_m = max(BLOCK_M // 2, _pow2(G))
+        table = tiles(seq, max(1, block_m // G))
+        launch(kk._attn_bwd_dq_kernel, (table.shape[0], Hkv), q, k, v, da, delta, lse,
+               positions, block_rows, key_len, table, dq, T, N, Hq, Hkv, G, D, NB,
+               int(window or 0), c, sc, BLOCK_M=block_m, num_warps=4 if block_m <= 64 else 8,
+               **common)  # fmt: skip
+    if needs["k"] or needs["v"]:
+        qrow = query_slots(positions, seq, S, NB)
+        launch(kk._attn_bwd_dkv_kernel, (S * NB, Hkv), q, k, v, da, delta, lse, block_rows,
+               key_len, qrow, dk, dv, N, Hq, Hkv, G, D, NB, int(window or 0), c, sc,
+               num_warps=8, **common)  # fmt: skip
+    return _needed(needs, dq, dk, dv, d_gate)
+
+
+def _needed(needs, dq, dk, dv, d_gate):
+    return {
+        "q": dq if needs["q"] else None,
+        "k": dk if needs["k"] else None,
+        "v": dv if needs["v"] else None,
+        "gate": d_gate if needs["gate"] else None,
+    }

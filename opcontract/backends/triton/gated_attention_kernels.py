@@ -1,4 +1,5 @@
-"""Triton kernels of gated_attention's forward.
+"""Triton kernels of gated_attention: the forward (fused, or split into chunk partials and
+an ordered merge) and the backward.
 
 One program takes a tile of query rows (BLOCK_T tokens of one sequence x the G query heads
 sharing a KV head: GQA rows of one tile) and walks its sequence's key blocks (128 positions,
@@ -8,7 +9,8 @@ chunk of CHUNK_BLOCKS blocks the usual online softmax runs (a block a row doesn'
 exact identity for that row: its max is -inf, its weights 0); at each chunk's end the chunk's
 (m, l, o) merges into the running (M, L, O) by the contract's rule, with explicit fmas, so
 that a split decode (each chunk in its own program, ``_attn_chunk_kernel``, then
-``_attn_merge_kernel``) computes the same partials and the same merge.
+``_attn_merge_kernel``) computes the same partials (``_chunk``) and the same merge
+(``_merge``, ascending): its bits are the fused kernel's by construction.
 """
 
 # fmt: off
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from opcontract.backends.triton.rounding import cast
 
 
 @triton.jit
@@ -28,6 +32,30 @@ def _row_max(s):
     """max over axis 1, NaN if a NaN is there (tl.max alone drops it)."""
     nan = tl.sum((s != s).to(tl.int32), axis=1) > 0
     return tl.where(nan, float("nan"), tl.max(s, axis=1))
+
+
+@triton.jit
+def _mm_nt(a, b, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
+    """a [M, K] . b [N, K]^T, float32 accumulation. Interpreting, 16-bit floats are raw bits
+    and numpy's matmul rounds a row differently with the rows beside it: explicit products
+    and sums per row there."""
+    if INTERPRET:
+        return tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+    elif IEEE:
+        return tl.dot(a, tl.trans(b), input_precision="ieee")
+    else:
+        return tl.dot(a, tl.trans(b))
+
+
+@triton.jit
+def _mm_acc(a, b, acc, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a [M, K] . b [K, N], float32 accumulation."""
+    if INTERPRET:
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    elif IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -68,14 +96,7 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     dmask = d[None, :] < D
     kt = tl.load(k_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
     vt = tl.load(v_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
-    if INTERPRET:  # 16-bit floats are raw bits there, and numpy's matmul rounds a row
-        # differently with the rows beside it: an explicit product and sum per row
-        s = tl.sum(q.to(tl.float32)[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2)
-    elif IEEE:
-        s = tl.dot(q, tl.trans(kt), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(kt))
-    s = s * c
+    s = _mm_nt(q, kt, INTERPRET, IEEE) * c
     vis = _visible(jpos, pos, klen, window, LOCAL)
     s = tl.where(vis, s, float("-inf"))
     upd = tl.max(vis.to(tl.int32), axis=1) > 0
@@ -85,7 +106,7 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     p = tl.exp2(s - m_ref[:, None])
     lsum = lsum * a + tl.sum(p, axis=1)
     o = o * a[:, None]
-    pin = p.to(vt.dtype)
+    pin = cast(p, vt.dtype, INTERPRET)
     # a value the row doesn't see must not enter (its weight is 0, and 0 * inf is NaN): the
     # product runs on the finite values, and a row that sees a non-finite one gets NaN in
     # that channel, as the float64 math gives (rare: a block-wide test first)
@@ -94,12 +115,7 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     bad = tl.max((~vfin).to(tl.int32)) > 0
     if bad:
         vt = tl.where(vfin, vt, 0.0)
-    if INTERPRET:
-        o = o + tl.sum(pin.to(tl.float32)[:, :, None] * vt.to(tl.float32)[None, :, :], axis=1)
-    elif IEEE:
-        o = tl.dot(pin, vt, o, input_precision="ieee")
-    else:
-        o = tl.dot(pin, vt, o)
+    o = _mm_acc(pin, vt, o, INTERPRET, IEEE)
     if bad:
         seen_bad = tl.dot(vis.to(tl.float32), (~vfin).to(tl.float32), input_precision="ieee")
         o = tl.where(seen_bad > 0, float("nan"), o)
@@ -120,18 +136,10 @@ def _merge(run_m, run_l, run_o, m, lsum, o, any_c):
 
 
 @triton.jit
-def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
-                     tile_ptr, out_ptr, attn_ptr, lse_ptr, T, N, Hq, Hkv, G, D, NB, window, c,
-                     LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                     CHUNK_BLOCKS: tl.constexpr):
-    kvh = tl.program_id(1)
+def _tile_keys(tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """The tile's rows and the key blocks b_lo .. b_hi its rows see (b_hi < b_lo: none)."""
     token, g, pos, live, s = _tile_rows(tile_ptr, positions_ptr, G, T, BLOCK_M)
-    head = kvh * G + g
-    d = tl.arange(0, BLOCK_D)
-    dmask = d[None, :] < D
-    q_off = (token.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
-    q = tl.load(q_ptr + q_off, mask=live[:, None] & dmask, other=0.0)
     klen = tl.load(key_len_ptr + s).to(tl.int32)
     hi = tl.max(tl.where(live, pos, -1), axis=0)
     if LOCAL:
@@ -140,27 +148,263 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
         lo = 0
     b_lo = lo // BLOCK
     b_hi = tl.where(hi >= 0, hi // BLOCK, b_lo - 1)
-    ninf = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    zero = tl.zeros((BLOCK_M,), tl.float32)
-    run_m, run_l, run_o = ninf, zero, tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    m, lsum, o = ninf, zero, tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    any_c = zero > 0
-    for b in range(b_lo, b_hi + 1):
-        if (b % CHUNK_BLOCKS == 0) & (b > b_lo):  # a new chunk: the last one merges
-            run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
-            m, lsum, o = ninf, zero, tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-            any_c = zero > 0
+    return token, g, pos, live, s, klen, b_lo, b_hi
+
+
+@triton.jit
+def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
+           window, c, D, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
+    empty state. The fused and the split kernels both call this, with the same bounds."""
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    lsum = tl.zeros((BLOCK_M,), tl.float32)
+    o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    any_c = lsum > 0
+    for b in range(first, last + 1):
         rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
         m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window,
-                                     c, m, lsum, o, D, LOCAL, INTERPRET, IEEE, BLOCK, BLOCK_D)
+                                        c, m, lsum, o, D, LOCAL, INTERPRET, IEEE, BLOCK, BLOCK_D)
         any_c = any_c | upd
-    run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+    return m, lsum, o, any_c
+
+
+@triton.jit
+def _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
+            dmask, Hq, INTERPRET: tl.constexpr):
+    """attn = O / L + 0, lse = M + log2 L, out = input_dtype(attn * sigmoid(gate))."""
     seen = run_l != 0.0
     attn = tl.where(seen[:, None], run_o / tl.where(seen, run_l, 1.0)[:, None], 0.0) + 0.0
     lse = tl.where(seen, run_m + tl.log2(tl.where(seen, run_l, 1.0)), float("-inf"))
     gt = tl.load(gate_ptr + q_off, mask=live[:, None] & dmask, other=0.0).to(tl.float32)
     out = attn * tl.sigmoid(gt)
     st = live[:, None] & dmask
-    tl.store(out_ptr + q_off, out.to(out_ptr.dtype.element_ty), mask=st)
+    tl.store(out_ptr + q_off, cast(out, out_ptr.dtype.element_ty, INTERPRET), mask=st)
     tl.store(attn_ptr + q_off, attn, mask=st)
     tl.store(lse_ptr + token.to(tl.int64) * Hq + head, lse, mask=live)
+
+
+@triton.jit
+def _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D: tl.constexpr):
+    head = kvh * G + g
+    d = tl.arange(0, BLOCK_D)
+    dmask = d[None, :] < D
+    q_off = (token.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=live[:, None] & dmask, other=0.0)
+    return q, q_off, head, dmask
+
+
+@triton.jit
+def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
+                     tile_ptr, out_ptr, attn_ptr, lse_ptr, T, N, Hq, Hkv, G, D, NB, window, c,
+                     LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                     CHUNK_BLOCKS: tl.constexpr):
+    """The fused forward: a tile's chunks in ascending order, each merged as it ends."""
+    kvh = tl.program_id(1)
+    token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
+        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
+    q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
+    run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    run_l = tl.zeros((BLOCK_M,), tl.float32)
+    run_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for ch in range(b_lo // CHUNK_BLOCKS, b_hi // CHUNK_BLOCKS + 1):
+        first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
+        last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
+        m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
+                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, BLOCK_M,
+                                   BLOCK, BLOCK_D)
+        run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+    _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
+            dmask, Hq, INTERPRET)
+
+
+@triton.jit
+def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
+                       tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, T, N, Hq, Hkv, G, D, NB,
+                       NC, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
+                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
+    """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
+    partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
+    -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1)."""
+    tile = tl.program_id(0)
+    i = tl.program_id(1)
+    kvh = tl.program_id(2)
+    token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
+        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
+    ch = b_lo // CHUNK_BLOCKS + i
+    if ch <= b_hi // CHUNK_BLOCKS:
+        q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
+        first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
+        last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
+        m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
+                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, BLOCK_M,
+                                   BLOCK, BLOCK_D)
+        r = tl.arange(0, BLOCK_M)
+        d = tl.arange(0, BLOCK_D)
+        slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
+        tl.store(part_m_ptr + slot * BLOCK_M + r, m)
+        tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
+        tl.store(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], o)
+
+
+@triton.jit
+def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_ptr, part_l_ptr,
+                       part_o_ptr, out_ptr, attn_ptr, lse_ptr, T, Hq, Hkv, G, D, NC, window,
+                       LOCAL: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
+    """Split decode, part 2: program (tile, kv head) merges the tile's chunk partials in
+    ascending order by ``_merge`` and finishes as the fused kernel does."""
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
+        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
+    head = kvh * G + g
+    d = tl.arange(0, BLOCK_D)
+    dmask = d[None, :] < D
+    q_off = (token.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
+    r = tl.arange(0, BLOCK_M)
+    run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    run_l = tl.zeros((BLOCK_M,), tl.float32)
+    run_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for i in range(0, b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1):
+        slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
+        m = tl.load(part_m_ptr + slot * BLOCK_M + r)
+        lraw = tl.load(part_l_ptr + slot * BLOCK_M + r)
+        o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :])
+        any_c = lraw != -1.0
+        lsum = tl.where(any_c, lraw, 0.0)
+        run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+    _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
+            dmask, Hq, INTERPRET)
+
+
+# ----------------------------------------------------------------------------- backward
+@triton.jit
+def _attn_bwd_pre_kernel(g_ptr, gate_ptr, attn_ptr, dgate_ptr, da_ptr, delta_ptr, R, D,
+                         INTERPRET: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Per (token, head) row: s = sigmoid(gate); d gate = g attn s (1 - s); A = dA = g s in
+    the input dtype; delta = sum_d dA attn (float32 dA, one tree per row)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    d = tl.arange(0, BLOCK_D)
+    off = r.to(tl.int64)[:, None] * D + d[None, :]
+    msk = (r[:, None] < R) & (d[None, :] < D)
+    g = tl.load(g_ptr + off, mask=msk, other=0.0).to(tl.float32)
+    gt = tl.load(gate_ptr + off, mask=msk, other=0.0).to(tl.float32)
+    attn = tl.load(attn_ptr + off, mask=msk, other=0.0)
+    s = tl.sigmoid(gt)
+    dgate = g * attn * s * (1.0 - s)
+    da = g * s
+    tl.store(dgate_ptr + off, cast(dgate, dgate_ptr.dtype.element_ty, INTERPRET), mask=msk)
+    tl.store(da_ptr + off, cast(da, da_ptr.dtype.element_ty, INTERPRET), mask=msk)
+    tl.store(delta_ptr + r, tl.sum(da * attn, axis=1), mask=r < R)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, da_ptr, delta_ptr, lse_ptr, positions_ptr,
+                        block_rows_ptr, key_len_ptr, tile_ptr, dq_ptr, T, N, Hq, Hkv, G, D, NB,
+                        window, c, scale, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
+                        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """dq of a tile of GQA rows (the forward's tiles): its key blocks in ascending order,
+    P recomputed from lse, dS rounded to the input dtype, dq = scale * sum_j dS k."""
+    kvh = tl.program_id(1)
+    token, g, pos, live, s = _tile_rows(tile_ptr, positions_ptr, G, T, BLOCK_M)
+    head = kvh * G + g
+    d = tl.arange(0, BLOCK_D)
+    dmask = d[None, :] < D
+    q_off = (token.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
+    lmask = live[:, None] & dmask
+    q = tl.load(q_ptr + q_off, mask=lmask, other=0.0)
+    da = tl.load(da_ptr + q_off, mask=lmask, other=0.0)
+    r_off = token.to(tl.int64) * Hq + head
+    delta = tl.load(delta_ptr + r_off, mask=live, other=0.0)
+    lse = tl.load(lse_ptr + r_off, mask=live, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    klen = tl.load(key_len_ptr + s).to(tl.int32)
+    hi = tl.max(tl.where(live, pos, -1), axis=0)
+    if LOCAL:
+        lo = tl.min(tl.where(live & (pos >= 0), tl.maximum(pos - window + 1, 0), hi + 1), axis=0)
+    else:
+        lo = 0
+    b_lo = lo // BLOCK
+    b_hi = tl.where(hi >= 0, hi // BLOCK, b_lo - 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    j = tl.arange(0, BLOCK)
+    for b in range(b_lo, b_hi + 1):
+        rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
+        jpos = b * BLOCK + j
+        krow = rowb + j
+        kmask = (jpos < klen) & (krow < N) & (krow >= j)
+        kv_off = (krow.to(tl.int64)[:, None] * Hkv + kvh) * D + d[None, :]
+        kt = tl.load(k_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+        vt = tl.load(v_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+        s2 = _mm_nt(q, kt, INTERPRET, IEEE) * c
+        vis = _visible(jpos, pos, klen, window, LOCAL)
+        p = tl.where(vis, tl.exp2(s2 - lse[:, None]), 0.0)
+        dp = _mm_nt(da, vt, INTERPRET, IEEE)
+        ds = cast(tl.where(vis, p * (dp - delta[:, None]), 0.0), kt.dtype, INTERPRET)
+        acc = _mm_acc(ds, kt, acc, INTERPRET, IEEE)
+    dq = acc * scale
+    tl.store(dq_ptr + q_off, cast(dq, dq_ptr.dtype.element_ty, INTERPRET), mask=lmask)
+
+
+@triton.jit
+def _attn_bwd_dkv_kernel(q_ptr, k_ptr, v_ptr, da_ptr, delta_ptr, lse_ptr, block_rows_ptr,
+                         key_len_ptr, qrow_ptr, dk_ptr, dv_ptr, N, Hq, Hkv, G, D, NB, window, c,
+                         scale, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
+                         BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dk and dv of key block b of sequence s (program (s * NB + b, kv head)): the
+    sequence's queries in blocks of BLOCK positions, ascending, each block's query slots
+    indexed by position (qrow: the token row at each position of each sequence, -1 where
+    none), the heads of the group ascending within a block; one float32 accumulator each,
+    scale applied once. Nothing from another sequence enters, and nothing is added twice."""
+    sb = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = sb // NB
+    b = sb % NB
+    rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
+    klen = tl.load(key_len_ptr + s).to(tl.int32)
+    if (rowb >= 0) & (b * BLOCK < klen):
+        j = tl.arange(0, BLOCK)
+        d = tl.arange(0, BLOCK_D)
+        dmask = d[None, :] < D
+        jpos = b * BLOCK + j
+        krow = rowb + j
+        kmask = (jpos < klen) & (krow < N)
+        kv_off = (krow.to(tl.int64)[:, None] * Hkv + kvh) * D + d[None, :]
+        kt = tl.load(k_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+        vt = tl.load(v_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+        dk = tl.zeros((BLOCK, BLOCK_D), tl.float32)
+        dv = tl.zeros((BLOCK, BLOCK_D), tl.float32)
+        qb_hi = NB - 1
+        if LOCAL:
+            qb_hi = tl.minimum(qb_hi, (b * BLOCK + BLOCK - 1 + window - 1) // BLOCK)
+        for qb in range(b, qb_hi + 1):
+            qpos = qb * BLOCK + j  # the block's query slots, by position
+            tok = tl.load(qrow_ptr + (s * NB + qb).to(tl.int64) * BLOCK + j)
+            has = tok >= 0
+            # vis[i, key]: query slot i sees key j (a key is never past key_len here)
+            vis = (jpos[None, :] <= qpos[:, None]) & has[:, None] & kmask[None, :]
+            if LOCAL:
+                vis = vis & (jpos[None, :] > qpos[:, None] - window)
+            for g in range(G):
+                head = kvh * G + g
+                r_off = tok.to(tl.int64) * Hq + head
+                q_off = r_off[:, None] * D + d[None, :]
+                qm = has[:, None] & dmask
+                qt = tl.load(q_ptr + q_off, mask=qm, other=0.0)
+                da = tl.load(da_ptr + q_off, mask=qm, other=0.0)
+                lse = tl.load(lse_ptr + r_off, mask=has, other=0.0)
+                lse = tl.where(lse == float("-inf"), 0.0, lse)
+                delta = tl.load(delta_ptr + r_off, mask=has, other=0.0)
+                s2 = _mm_nt(qt, kt, INTERPRET, IEEE) * c  # [query slot, key]
+                p = tl.where(vis, tl.exp2(s2 - lse[:, None]), 0.0)
+                dp = _mm_nt(da, vt, INTERPRET, IEEE)
+                ds = cast(tl.where(vis, p * (dp - delta[:, None]), 0.0), kt.dtype, INTERPRET)
+                dv = _mm_acc(tl.trans(cast(p, kt.dtype, INTERPRET)), da, dv, INTERPRET, IEEE)
+                dk = _mm_acc(tl.trans(ds), qt, dk, INTERPRET, IEEE)
+        st = kmask[:, None] & dmask
+        tl.store(dk_ptr + kv_off, cast(dk * scale, dk_ptr.dtype.element_ty, INTERPRET), mask=st)
+        tl.store(dv_ptr + kv_off, cast(dv, dv_ptr.dtype.element_ty, INTERPRET), mask=st)

@@ -194,6 +194,8 @@ register(
         "gate": ("run_to_run", "batch"),
     },
     features=("approx_transcendentals",),
+    config_space=ga.CONFIG_SPACE,
+    default_config=ga.default_config,
     summary="GQA rows of one sequence a tile, position-aligned key blocks, chunks merged in order",
     **_TRITON,
 )
