@@ -120,7 +120,7 @@ class PagedKVCache:
             )  # fmt: skip
         self.layer, self.window, self.scale = layer, window, scale
         self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, dtype
-        self.device = torch.device(device)
+        self.device = torch.empty(0, device=device).device  # cuda -> cuda:<current>
         self._f = _fn(backend, config)
         self.k = torch.zeros(pages * BLOCK, kv_heads, head_dim, dtype=dtype, device=self.device)
         self.v = torch.zeros_like(self.k)

@@ -14,7 +14,6 @@ from opcontract.backends.triton.launch import launch
 
 BLOCK = ref.BLOCK
 CHUNK_BLOCKS = ref.CHUNK // ref.BLOCK
-BLOCK_M = 128  # query rows (tokens x heads of a KV group) a tile
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -38,15 +37,19 @@ def tiles(seq: torch.Tensor, per_tile: int) -> torch.Tensor:
 
 CONFIG_SPACE = {
     "split": (0, 1),  # split decode: chunk partials in parallel, then the ordered merge
+    "block_m": (64, 128),  # query rows (tokens x heads of a KV group) a tile
     "num_warps": (4, 8),
-    "num_stages": (1, 2, 3),
+    "num_stages": (1, 2),
 }
 
 
 def default_config(call=None) -> dict:
-    """Fused unless the tiles alone leave most of the GPU idle (decode at small batch):
-    a function of the call's shape bucket only, and no choice changes a bit."""
-    return {"split": -1, "num_warps": 8, "num_stages": 2}
+    """Fused unless the tiles alone leave most of the GPU idle (split -1: decided by
+    occupancy); 64-row tiles on 8 warps, unpipelined (the two accumulators a chunked tile
+    carries leave no registers to spare: 255 a thread at 128 rows, and Triton 3.6 asks for
+    256 KB of shared memory there with two stages). The contract fixes no tile: no choice
+    here changes a bit."""
+    return {"split": -1, "block_m": 64, "num_warps": 8, "num_stages": 1}
 
 
 def _split_pays(n_programs: int, n_chunks: int, device) -> bool:
@@ -93,7 +96,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     Hkv = k.shape[1]
     G = Hq // Hkv
     NB = block_rows.shape[1]
-    block_m = max(BLOCK_M, _pow2(G))
+    block_m = max(int(cfg["block_m"]), _pow2(G))
     table = tiles(seq, max(1, block_m // G))
     local = layer == "local"
     split = int(cfg["split"])
@@ -192,17 +195,17 @@ def backward(config, saved, grads, needs, *, layer, window, scale):
     common = dict(LOCAL=layer == "local", INTERPRET=interp, IEEE=ieee, BLOCK=BLOCK,
                   BLOCK_D=_pow2(D))  # fmt: skip
     if needs["q"]:
-        block_m = max(BLOCK_M // 2, _pow2(G))
+        block_m = max(64, _pow2(G))
         table = tiles(seq, max(1, block_m // G))
         launch(kk._attn_bwd_dq_kernel, (table.shape[0], Hkv), q, k, v, da, delta, lse,
                positions, block_rows, key_len, table, dq, T, N, Hq, Hkv, G, D, NB,
-               int(window or 0), c, sc, BLOCK_M=block_m, num_warps=4 if block_m <= 64 else 8,
+               int(window or 0), c, sc, BLOCK_M=block_m, num_warps=8, num_stages=1,
                **common)  # fmt: skip
     if needs["k"] or needs["v"]:
         qrow = query_slots(positions, seq, S, NB)
         launch(kk._attn_bwd_dkv_kernel, (S * NB, Hkv), q, k, v, da, delta, lse, block_rows,
                key_len, qrow, dk, dv, N, Hq, Hkv, G, D, NB, int(window or 0), c, sc,
-               num_warps=8, **common)  # fmt: skip
+               num_warps=8, num_stages=1, **common)  # fmt: skip
     return _needed(needs, dq, dk, dv, d_gate)
 
 
