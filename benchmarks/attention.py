@@ -147,7 +147,7 @@ def ours_decode_batches(G: Geometry, kind: str, B: int, max_len: int) -> dict:
         ("reversed", cache.attend(ids[rev], at[rev], last[0][rev], last[3][rev]).flip(0), full)
     )
     for sub in sorted({1, 8, B // 2}):
-        if sub < B:
+        if 0 < sub < B:
             part = cache.attend(ids[:sub], at[:sub], last[0][:sub], last[3][:sub])
             pairs.append((f"first {sub}", part, full[:sub]))
     return {"B": B, "max_len": max(lens), "vs": count(pairs)}

@@ -157,6 +157,12 @@ class PagedKVCache:
                     "gated_attention", name, "cache.geometry",
                     f"has heads x dim {tuple(t.shape[1:])}; the cache {want}",
                 )  # fmt: skip
+        if seq.dim() != 1 or positions.shape != seq.shape or seq.shape[0] != k.shape[0]:
+            raise ContractViolation(
+                "gated_attention", "positions", "cache.geometry",
+                f"seq {tuple(seq.shape)} and positions {tuple(positions.shape)} must both be "
+                f"[tokens] with one entry per row of k ({k.shape[0]})",
+            )  # fmt: skip
         seqs, pos = seq.tolist(), positions.tolist()
         nxt = {}
         out = []

@@ -206,6 +206,8 @@ def test_bad_calls_are_violations():
         with pytest.raises(ContractViolation, match=name):
             cache.step(torch.tensor([0]), torch.tensor([1]), bad_q, k[:1], v[:1], bad_gate)
         assert torch.equal(cache.k, before) and int(cache.lengths[0]) == 1
+    with pytest.raises(ContractViolation, match="one entry per row of k"):
+        cache.step(torch.tensor([0]), torch.tensor([1]), q[:0], k[:0], v[:0], gate[:0])
     with pytest.raises(ContractViolation, match="window"):
         attention.PagedKVCache(layer="global", window=8, kv_heads=HKV, head_dim=D,
                                dtype=torch.float32, device="cpu", sequences=1)  # fmt: skip
@@ -261,7 +263,7 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
                                        device="cuda", sequences=1, backend="triton",
                                        config={"split": split}, **kw)  # fmt: skip
         a = 0
-        for n in (1, 127, 641, 2047, 180, 1, 1, 1, 1, 1):
+        for n in (1, 127, 641, 2047, 179, 1, 1, 1, 1, 1):
             r = slice(a, a + n)
             out = cache.step(torch.zeros(n, dtype=torch.long), torch.arange(a, a + n), q[r],
                              k[r], v[r], gate[r])  # fmt: skip

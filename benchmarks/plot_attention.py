@@ -1,0 +1,62 @@
+"""Plot benchmarks/results/attention_h200.json: training TFLOP/s and decode bandwidth (as a
+fraction of the copy rate) per provider.
+
+python benchmarks/plot_attention.py benchmarks/results/attention_h200.json docs/attention_h200.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(src: str, dst: str) -> int:
+    data = json.loads(open(src).read())
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    for ax, mode in zip(axes[:2], ("forward", "forward+backward"), strict=True):
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for r in data["train"]:
+            if r.get("mode") == mode and "tflops" in r:
+                series[f"{r['provider']} ({r['layer']})"].append((r["L"], r["tflops"]))
+        for name, pts in sorted(series.items()):
+            pts.sort()
+            style = "--" if "local" in name else "-"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("L (16384 tokens a call)")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"training {mode}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    series = defaultdict(list)
+    for r in data["decode"]:
+        if "of_copy" in r and r["L"] == 32768:
+            name = r["provider"].split(" (")[0].replace("split=-1", "default")
+            if name in ("opcontract default", "fa4", "sdpa", "opcontract split=0"):
+                series[name].append((r["B"], r["of_copy"]))
+    for name, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("decode batch B (L = 32768, global layer)")
+    ax.set_ylabel("K/V bytes read / time, fraction of copy rate")
+    ax.set_title("decode (graph replay)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    env = data["env"]
+    fig.suptitle(f"gated attention, GQA 32/2, head_dim 128, bf16 — {env['gpu']}, torch "
+                 f"{env['torch']}, triton {env['triton']}", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
