@@ -390,7 +390,10 @@ def train_case(G: Geometry, L: int, B: int, kind: str, fa, rows: list) -> None:
     q, k, v, gate = (torch.cat([s[i] for s in seqs]).requires_grad_(True) for i in range(4))
     cu = _cu([L] * B, G.dev)
     provs = {"opcontract": lambda: attention.packed(q, k, v, gate, cu, backend="triton",
-                                                    **G.layer(kind))}  # fmt: skip
+                                                    **G.layer(kind)),
+             "opcontract block_m=128": lambda: attention.packed(
+                 q, k, v, gate, cu, backend="triton", config={"block_m": 128},
+                 **G.layer(kind))}  # fmt: skip
     q4, k4, v4 = (t.detach().view(B, L, *t.shape[1:]).requires_grad_(True) for t in (q, k, v))
     ws = (win - 1, 0) if win else (None, None)
     if fa:

@@ -55,8 +55,10 @@ def default_config(call=None) -> dict:
 def _split_pays(n_programs: int, n_chunks: int, device) -> bool:
     if device.type != "cuda" or n_chunks < 2:
         return False
+    # measured on the H200 (attention_h200.json, L = 2048 .. 32768): split wins at B <= 8
+    # (16 programs for 132 SMs), loses 15-18% at B = 64 (128 programs)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return n_programs < sms
+    return 2 * n_programs <= sms
 
 
 def chunks_per_tile(table: torch.Tensor, positions: torch.Tensor, window: int, local: bool) -> int:
@@ -108,11 +110,14 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
                 num_stages=int(cfg["num_stages"]))  # fmt: skip
     plan = ForwardPlan(table, bool(split and n_chunks > 1), n_chunks, meta,
                        ref.score_factor(D, scale), int(window or 0))  # fmt: skip
+    programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
+    ones = torch.ones(programs, dtype=torch.int32, device=q.device)
+    plan.workspace = (ones, torch.zeros_like(ones))  # go for the fast pass; redo flags
     if plan.split:
-        slots = table.shape[0] * n_chunks * Hkv * block_m
+        slots = programs * block_m
         part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
-        plan.workspace = (part_m, torch.empty_like(part_m), part_o)
+        plan.workspace += (part_m, torch.empty_like(part_m), part_o)
     return plan
 
 
@@ -125,18 +130,27 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     N, Hkv, _ = k.shape
     G, NB, n = Hq // Hkv, block_rows.shape[1], plan.table.shape[0]
     ieee = q.dtype == torch.float32
-    if not plan.split:
-        launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows, key_len,
-               plan.table, out, attn, lse, T, N, Hq, Hkv, G, D, NB, plan.window, plan.c,
-               IEEE=ieee, **plan.meta)  # fmt: skip
-        return
-    part_m, part_l, part_o = plan.workspace
-    launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
-           key_len, plan.table, part_m, part_l, part_o, T, N, Hq, Hkv, G, D, NB, plan.n_chunks,
-           plan.window, plan.c, IEEE=ieee, **plan.meta)  # fmt: skip
-    launch(kk._attn_merge_kernel, (n, Hkv), gate, positions, key_len, plan.table, part_m,
-           part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks, plan.window,
-           **plan.meta)  # fmt: skip
+    ones, redo = plan.workspace[:2]
+    redo.zero_()
+    # the fast pass, then the SAFE pass over the programs it flagged (a non-finite
+    # accumulator: a NaN or infinity in q, k or a value of a visited block); a flagged
+    # program with finite values computes the same bits again
+    for go, safe in ((ones, False), (redo, True)):
+        if not plan.split:
+            launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows,
+                   key_len, plan.table, out, attn, lse, go, redo, T, N, Hq, Hkv, G, D, NB,
+                   plan.window, plan.c, IEEE=ieee, SAFE=safe, **plan.meta)  # fmt: skip
+            continue
+        part_m, part_l, part_o = plan.workspace[2:]
+        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
+               key_len, plan.table, part_m, part_l, part_o, go, redo, T, N, Hq, Hkv, G, D, NB,
+               plan.n_chunks, plan.window, plan.c, IEEE=ieee, SAFE=safe,
+               **plan.meta)  # fmt: skip
+    if plan.split:
+        part_m, part_l, part_o = plan.workspace[2:]
+        launch(kk._attn_merge_kernel, (n, Hkv), gate, positions, key_len, plan.table, part_m,
+               part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks, plan.window,
+               **plan.meta)  # fmt: skip
 
 
 def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):

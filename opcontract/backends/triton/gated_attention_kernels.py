@@ -85,8 +85,11 @@ def _visible(jpos, pos, klen, window, LOCAL: tl.constexpr):
 @triton.jit
 def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m, lsum, o,
                   D, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
-                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One key block's online-softmax step for every row of the tile."""
+                  SAFE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One key block's online-softmax step for every row of the tile. SAFE: values a row
+    doesn't see are kept out of its product (needed only where a value is non-finite: the
+    fast pass leaves a non-finite accumulator, which flags the tile for the SAFE pass; with
+    finite values both passes compute the same products)."""
     j = tl.arange(0, BLOCK)
     d = tl.arange(0, BLOCK_D)
     jpos = b * BLOCK + j
@@ -107,18 +110,18 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     lsum = lsum * a + tl.sum(p, axis=1)
     o = o * a[:, None]
     pin = cast(p, vt.dtype, INTERPRET)
-    # a value the row doesn't see must not enter (its weight is 0, and 0 * inf is NaN): the
-    # product runs on the finite values, and a row that sees a non-finite one gets NaN in
-    # that channel, as the float64 math gives (rare: a block-wide test first)
-    v32 = vt.to(tl.float32)
-    vfin = v32 - v32 == 0.0  # False for NaN and +-inf
-    bad = tl.max((~vfin).to(tl.int32)) > 0
-    if bad:
+    if SAFE:
+        # a value the row doesn't see must not enter (its weight is 0, and 0 * inf is NaN):
+        # the product runs on the finite values, and a row that sees a non-finite one gets
+        # NaN in that channel, as the float64 math gives
+        v32 = vt.to(tl.float32)
+        vfin = v32 - v32 == 0.0  # False for NaN and +-inf
         vt = tl.where(vfin, vt, 0.0)
-    o = _mm_acc(pin, vt, o, INTERPRET, IEEE)
-    if bad:
+        o = _mm_acc(pin, vt, o, INTERPRET, IEEE)
         seen_bad = tl.dot(vis.to(tl.float32), (~vfin).to(tl.float32), input_precision="ieee")
         o = tl.where(seen_bad > 0, float("nan"), o)
+    else:
+        o = _mm_acc(pin, vt, o, INTERPRET, IEEE)
     return m_new, lsum, o, upd
 
 
@@ -154,7 +157,8 @@ def _tile_keys(tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL: tl.con
 @triton.jit
 def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
            window, c, D, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+           SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+           BLOCK_D: tl.constexpr):
     """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
     empty state. The fused and the split kernels both call this, with the same bounds."""
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -164,9 +168,16 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
     for b in range(first, last + 1):
         rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
         m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window,
-                                        c, m, lsum, o, D, LOCAL, INTERPRET, IEEE, BLOCK, BLOCK_D)
+                                        c, m, lsum, o, D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK,
+                                        BLOCK_D)
         any_c = any_c | upd
     return m, lsum, o, any_c
+
+
+@triton.jit
+def _nonfinite(x):
+    """1 if any element of the tile is NaN or infinite, else 0."""
+    return tl.max(tl.max((x - x != 0.0).to(tl.int32), axis=1), axis=0)
 
 
 @triton.jit
@@ -196,54 +207,64 @@ def _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
-                     tile_ptr, out_ptr, attn_ptr, lse_ptr, T, N, Hq, Hkv, G, D, NB, window, c,
-                     LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                     CHUNK_BLOCKS: tl.constexpr):
-    """The fused forward: a tile's chunks in ascending order, each merged as it ends."""
+                     tile_ptr, out_ptr, attn_ptr, lse_ptr, go_ptr, redo_ptr, T, N, Hq, Hkv, G, D,
+                     NB, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
+                     IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
+    """The fused forward: a tile's chunks in ascending order, each merged as it ends. A
+    program runs where go is non-zero (the fast pass: all; the SAFE pass: the tiles the fast
+    pass flagged in redo because their accumulator came out non-finite)."""
     kvh = tl.program_id(1)
-    token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
-        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
-    q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
-    run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    run_l = tl.zeros((BLOCK_M,), tl.float32)
-    run_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    for ch in range(b_lo // CHUNK_BLOCKS, b_hi // CHUNK_BLOCKS + 1):
-        first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
-        last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
-        m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
-                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, BLOCK_M,
-                                   BLOCK, BLOCK_D)
-        run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
-    _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
-            dmask, Hq, INTERPRET)
+    slot = tl.program_id(0) * tl.num_programs(1) + kvh
+    if tl.load(go_ptr + slot) != 0:
+        token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
+            tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
+        q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
+        run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        run_l = tl.zeros((BLOCK_M,), tl.float32)
+        run_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        for ch in range(b_lo // CHUNK_BLOCKS, b_hi // CHUNK_BLOCKS + 1):
+            first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
+            last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
+            m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
+                                       Hkv, kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE,
+                                       SAFE, BLOCK_M, BLOCK, BLOCK_D)
+            run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+        if not SAFE:
+            tl.store(redo_ptr + slot, _nonfinite(run_o))
+        _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head,
+                live, dmask, Hq, INTERPRET)
 
 
 @triton.jit
 def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
-                       tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, T, N, Hq, Hkv, G, D, NB,
-                       NC, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
-                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
+                       tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, go_ptr, redo_ptr, T, N, Hq,
+                       Hkv, G, D, NB, NC, window, c, LOCAL: tl.constexpr,
+                       INTERPRET: tl.constexpr, IEEE: tl.constexpr, SAFE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                       CHUNK_BLOCKS: tl.constexpr):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
-    -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1)."""
+    -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). go and
+    redo as in the fused kernel, per chunk."""
     tile = tl.program_id(0)
     i = tl.program_id(1)
     kvh = tl.program_id(2)
+    slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ch = b_lo // CHUNK_BLOCKS + i
-    if ch <= b_hi // CHUNK_BLOCKS:
+    if (ch <= b_hi // CHUNK_BLOCKS) & (tl.load(go_ptr + slot) != 0):
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
         last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
         m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
-                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, BLOCK_M,
-                                   BLOCK, BLOCK_D)
+                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, SAFE,
+                                   BLOCK_M, BLOCK, BLOCK_D)
         r = tl.arange(0, BLOCK_M)
         d = tl.arange(0, BLOCK_D)
-        slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
+        if not SAFE:
+            tl.store(redo_ptr + slot, _nonfinite(o))
         tl.store(part_m_ptr + slot * BLOCK_M + r, m)
         tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
         tl.store(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], o)
