@@ -9,5 +9,13 @@ CrossEntropyOutput = result_type("linear_cross_entropy")
 AddNormOutput = result_type("fused_add_rms_norm")
 EmbeddingOutput = result_type("normalized_embedding")
 QKOutput = result_type("qk_norm_rope")
+SamplerHeadOutput = result_type("softcap_logits")
 
-__all__ = ["AddNormOutput", "CrossEntropyOutput", "EmbeddingOutput", "LogprobOutput", "QKOutput"]
+__all__ = [
+    "AddNormOutput",
+    "CrossEntropyOutput",
+    "EmbeddingOutput",
+    "LogprobOutput",
+    "QKOutput",
+    "SamplerHeadOutput",
+]

@@ -96,7 +96,31 @@ def test_missing_library_reason():
     if HAVE_CUTLASS:
         assert missing_library() is None
     else:
-        assert "pip install nvidia-cutlass-dsl" in missing_library()
+        assert 'skipped (pip install "opcontract[cute]" installs' in missing_library()
+        x, w, b = _xwb()
+        with simulate((9, 0), name="H200"):
+            text = str(dispatch.explain("dense_gemm", x, w, b))
+        assert (
+            "rejected cute.gemm: CUTLASS DSL is not installed: the CuTe implementations are "
+            'skipped (pip install "opcontract[cute]"' in text
+        )
+
+
+def test_cute_extra_pins_the_tested_versions():
+    """pyproject's [cute] extra installs exactly the versions the backend names as tested."""
+    from pathlib import Path
+
+    from opcontract.backends.cute import TESTED
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pins = {}
+    for req in project["project"]["optional-dependencies"]["cute"]:
+        name, version = req.split(";")[0].strip().split("==")
+        pins[name] = version
+    assert pins == TESTED
+    assert TESTED["nvidia-cutlass-dsl"] == "4.8.1"  # docs/h200.md's CuTe measurements
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rejection")
@@ -106,7 +130,8 @@ def test_forcing_cute_on_cpu_raises_no_backend():
         dispatch.op("dense_gemm", backend="cute")(x, w, b)
     msg = str(e.value)
     assert "requested backend 'cute'" in msg
-    assert "cute.gemm: " + ("runs on cuda, not cpu" if HAVE_CUTLASS else "CUTLASS DSL") in msg
+    why = "runs on cuda, not cpu" if HAVE_CUTLASS else "CUTLASS DSL is not installed"
+    assert "cute.gemm: " + why in msg
     assert "triton.gemm: not requested" in msg
 
 

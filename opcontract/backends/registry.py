@@ -11,6 +11,7 @@ from typing import Any
 from opcontract.contracts.schema import Contract, ReductionPlan
 
 BACKENDS = ("torch", "triton", "cute")
+PLAN_KEY = "backward_plan"  # the config parameter that picks one of the contract's plans
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class Implementation:
     a call that builds no autograd graph runs: no buffers for the backward). ``config`` is a
     dict over ``config_space``; ``default_config(call)`` gives the canonical config.
     ``layout`` maps input (and, in the backward, output) names, or "*", to a LAYOUTS entry.
+    ``plan_memory(call, config)`` gives, per backward plan of the contract's ``plans`` the
+    implementation offers (its ``backward_plan`` config values), the bytes that plan
+    allocates beyond its inputs and returned gradients. ``backward_only``: config keys the
+    forward never reads (a forward-timed sweep leaves them at the canonical value).
     """
 
     op: str
@@ -78,6 +83,8 @@ class Implementation:
     device_check: Callable[[DeviceInfo], str | None] = lambda device: None
     priority: Mapping[str, int] = field(default_factory=dict)
     relaxed_only: bool = False
+    plan_memory: Callable[[CallInfo, dict], dict[str, int]] | None = None
+    backward_only: tuple[str, ...] = ()
     summary: str = ""
     source: tuple[str, int] = ("<unknown>", 0)
 
@@ -195,7 +202,27 @@ def declaration_problems(impl: Implementation, contract: Contract) -> list[str]:
     for feat in impl.features:
         if feat in contract.forbid:
             out.append(f"uses forbidden feature '{feat}'")
+    out += plan_problems(impl, contract)
     return out
+
+
+def plan_problems(impl: Implementation, contract: Contract) -> list[str]:
+    """How an implementation's backward plans (its ``backward_plan`` config values) fall short
+    of the contract's ``plans``: each must be one of them, with its memory declared. An
+    implementation may offer none (it runs one backward, of the same bits)."""
+    offered = tuple(impl.config_space.get(PLAN_KEY, ()))
+    unknown = [p for p in offered if p not in contract.plans]
+    if unknown:
+        known = ", ".join(contract.plans) or "none"
+        return [f"offers backward plans {unknown} that the contract lacks (its plans: {known})"]
+    if offered and impl.plan_memory is None:
+        return ["offers backward plans without declaring their memory (plan_memory)"]
+    return []
+
+
+def offered_plans(impl: Implementation) -> tuple[str, ...]:
+    """The contract plans an implementation lets its config choose between."""
+    return tuple(impl.config_space.get(PLAN_KEY, ())) if impl.plan_memory is not None else ()
 
 
 def rejection(impl: Implementation, contract: Contract, call: CallInfo, mode: str) -> str | None:

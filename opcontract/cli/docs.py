@@ -108,6 +108,21 @@ def render(c: Contract) -> str:
             out.append(f"\n- `{n}`: {r.doc}")
     out += ["", "## Epilogue casts", ""]
     out += [f"- at `{e.at}` to {e.to}" + (f": {e.doc}" if e.doc else "") for e in c.epilogue]
+    if c.plans:
+        out += [
+            "",
+            "## Backward plans (equal bits)",
+            "",
+            "Every output and gradient is bitwise the same whichever plan runs; the caller "
+            "picks one (`dispatch.op(..., plan=...)`), or a memory budget in bytes "
+            "(`memory_budget=`), or the tuning table; `explain` says which runs and what "
+            "each costs.",
+            "",
+        ]
+        out += [
+            f"- `{n}`" + (" (default)" if p.default else "") + (f": {p.doc}" if p.doc else "")
+            for n, p in c.plans.items()
+        ]
     out += [
         "",
         "## Guarantees",

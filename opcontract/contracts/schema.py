@@ -184,6 +184,20 @@ class ConformanceSpec(_Strict):
     )
 
 
+class PlanSpec(_Strict):
+    """A shape of work for the op's backward, one of several that give the same bits.
+
+    The plans of a contract are equal-bits alternatives: every output and gradient is
+    bitwise the same whichever runs (they add the same partials in the same order); only
+    speed and memory differ. Implementations take the choice as their ``backward_plan``
+    config parameter, a free parameter the tuner verifies bitwise like any other; callers
+    choose one or set a memory budget (``dispatch.op(..., plan=, memory_budget=)``).
+    """
+
+    default: bool = Field(False, description="the plan that runs unless a caller or table says")
+    doc: str = ""
+
+
 Autocast = Literal["lower", "promote", "none"]
 """lower: floating inputs cast to the autocast dtype, as nn.Linear; promote: to the widest
 floating dtype among them, as torch's elementwise ops; none: run as given."""
@@ -226,6 +240,10 @@ class Contract(_Strict):
     forbid: list[Feature]
     tolerance: dict[DType, float]
     grad_tolerance: dict[DType, float] = Field(default_factory=dict)
+    plans: dict[str, PlanSpec] = Field(
+        default_factory=dict,
+        description="equal-bits backward plans (not part of the numerics: they move no bit)",
+    )
     reference: str
     conformance: ConformanceSpec
 
@@ -569,6 +587,10 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
         for k in case.params:
             if k not in c.params:
                 out.append((("conformance", "cases", i, "params"), f"unknown param '{k}'"))
+    if c.plans and sum(p.default for p in c.plans.values()) != 1:
+        out.append((("plans",), "exactly one plan must be the default"))
+    if c.plans and not c.grads:
+        out.append((("plans",), "plans are shapes of the backward: the op has no gradients"))
     if ":" not in c.reference:
         out.append((("reference",), "reference must be 'module:function'"))
     return out

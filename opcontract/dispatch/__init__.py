@@ -20,7 +20,7 @@ from opcontract.dispatch import call_cache
 from opcontract.dispatch.call_cache import CachedCall
 from opcontract.dispatch.device import simulate, simulating
 from opcontract.dispatch.provenance import Provenance, last_provenance
-from opcontract.dispatch.select import MODES
+from opcontract.dispatch.select import MODES, check_plan_request, route_string
 from opcontract.dispatch.shell import bypass_op, layout_copies, op_shell, resolve
 from opcontract.dispatch.validate import BoundCall, bind, signature
 from opcontract.errors import NoBackendError
@@ -44,12 +44,6 @@ def _check_backend(name: str, backend: str | None) -> None:
         raise ValueError(f"{name}: unknown backend {backend!r}; known: {', '.join(known)}")
 
 
-def _config_string(config: dict | None) -> str:
-    import json
-
-    return json.dumps(config, sort_keys=True) if config else ""
-
-
 @dataclass(frozen=True)
 class Report:
     """What dispatch would do for a call: the selected implementation and every rejection."""
@@ -66,6 +60,9 @@ class Report:
     rejected: dict[str, str]
     tuning_entry: str | None = None
     copies: dict[str, str] = field(default_factory=dict)  # input -> layout it is copied to
+    plan: str | None = None  # the backward plan that would run
+    plan_memory: dict[str, int] = field(default_factory=dict)  # bytes of each offered plan
+    memory_budget: int | None = None
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
@@ -78,6 +75,20 @@ class Report:
             lines.append("  selected: none")
         if self.tuning_entry:
             lines.append(f"  tuned config from {self.tuning_entry}")
+        if self.plan:
+            from opcontract.dispatch.select import format_bytes
+
+            need = self.plan_memory
+            others = "; ".join(f"{n}: {format_bytes(b)}" for n, b in need.items() if n != self.plan)
+            budget = (
+                f", budget {format_bytes(self.memory_budget)}"
+                if self.memory_budget is not None
+                else ""
+            )
+            lines.append(
+                f"  backward plan: {self.plan}, {format_bytes(need[self.plan])} beyond inputs and "
+                f"gradients ({others}{budget}); the plans give the same bits"
+            )
         for name, layout in self.copies.items():
             lines.append(f"  copies '{name}' to a {layout} layout first (as given it is not)")
         for name in self.accepted:
@@ -129,14 +140,23 @@ def _sources(names: tuple, args: tuple, kwargs: dict, bound: BoundCall) -> tuple
 class OpFunction:
     """A contract-checked callable for one op. Built by :func:`op`."""
 
-    def __init__(self, name: str, backend: str | None, mode: str, config: dict | None = None):
+    def __init__(
+        self,
+        name: str,
+        backend: str | None,
+        mode: str,
+        config: dict | None = None,
+        plan: str | None = None,
+        memory_budget: int | None = None,
+    ):
         _check_mode(mode)
         self.contract = get_contract(name)
         _check_backend(name, backend)
+        check_plan_request(self.contract, plan, memory_budget)
         self.name = name
         self.backend = backend
         self.mode = mode
-        self.config = _config_string(config)
+        self.config = route_string(config, plan, memory_budget)
         self.shell = op_shell(name)
         self.sig = signature(name)
         self._route = (name, backend, mode, self.config)
@@ -205,7 +225,13 @@ def _autocast_off():
 
 
 def op(
-    name: str, *, backend: str | None = None, mode: str = "strict", config: dict | None = None
+    name: str,
+    *,
+    backend: str | None = None,
+    mode: str = "strict",
+    config: dict | None = None,
+    plan: str | None = None,
+    memory_budget: int | None = None,
 ) -> OpFunction:
     """The contract-checked callable for ``name``.
 
@@ -213,9 +239,11 @@ def op(
     ``mode="relaxed"`` also admits implementations that don't satisfy the contract's
     numerics (stock library paths), still validating every input. ``config`` forces a
     launch config, which must lie in the selected implementation's declared space (what the
-    tuner does to time candidates).
+    tuner does to time candidates). ``plan`` picks one of the contract's backward plans
+    (``"token_chunks"``); ``memory_budget`` (bytes) keeps the backward to plans that
+    allocate at most that much beyond inputs and gradients. Plans give the same bits.
     """
-    return OpFunction(name, backend, mode, config)
+    return OpFunction(name, backend, mode, config, plan, memory_budget)
 
 
 def explain(
@@ -224,9 +252,12 @@ def explain(
     backend: str | None = None,
     mode: str = "strict",
     config: dict | None = None,
+    plan: str | None = None,
+    memory_budget: int | None = None,
     **kwargs: Any,
 ) -> Report:
-    """Validate the call and report which implementation would serve it, and why not the rest."""
+    """Validate the call and report which implementation would serve it, and why not the rest;
+    for ops with backward plans, the plan that would run and each plan's memory."""
     _check_mode(mode)
     _check_backend(name, backend)
     contract = get_contract(name)
@@ -235,7 +266,7 @@ def explain(
     bound = bind(signature(name), args, kwargs)
     from opcontract.dispatch.select import call_info, select
 
-    sel = select(contract, call_info(bound), backend, mode, config)
+    sel = select(contract, call_info(bound), backend, mode, config, plan, memory_budget)
     inputs = bound.inputs
     if bound.lead is not None:  # the leading dims are flattened first: the rows decide
         inputs = OpFunction(name, backend, mode, config)._flatten(inputs, len(bound.lead))
@@ -253,4 +284,7 @@ def explain(
         rejected=dict(sel.rejected),
         tuning_entry=sel.tuning_entry,
         copies=copies,
+        plan=sel.plan,
+        plan_memory=dict(sel.plan_memory),
+        memory_budget=sel.memory_budget,
     )

@@ -22,6 +22,8 @@ class Provenance:
     mode: str
     params: dict[str, Any] = field(default_factory=dict)
     tuning_entry: str | None = None
+    backward_plan: str | None = None  # the contract plan the backward runs (if it has plans)
+    backward_bytes: int | None = None  # what that plan allocates beyond inputs and gradients
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

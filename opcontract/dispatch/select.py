@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 
 from opcontract.backends.registry import (
+    PLAN_KEY,
     CallInfo,
     Implementation,
     implementations,
+    offered_plans,
     rejection,
 )
 from opcontract.contracts.schema import Contract
@@ -26,6 +30,103 @@ class Selection:
     accepted: list[Implementation] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
     tuning_entry: str | None = None
+    plan: str | None = None  # the backward plan that runs (the config's backward_plan)
+    plan_memory: dict[str, int] = field(default_factory=dict)  # bytes per offered plan
+    memory_budget: int | None = None
+
+
+def route_string(config: dict | None, plan: str | None, memory_budget: int | None) -> str:
+    """The route's ``config`` string, as the custom ops carry it: the forced config's JSON,
+    with the caller's plan and memory budget where given ("" for none of them)."""
+    if plan is None and memory_budget is None:
+        return json.dumps(config, sort_keys=True) if config else ""
+    return json.dumps(
+        {"config": config, "plan": plan, "memory_budget": memory_budget}, sort_keys=True
+    )
+
+
+def route_options(text: str) -> tuple[dict | None, str | None, int | None]:
+    """(config, plan, memory_budget) of a route string (see :func:`route_string`)."""
+    if not text:
+        return None, None, None
+    data = json.loads(text)
+    if set(data) == {"config", "plan", "memory_budget"}:
+        return data["config"], data["plan"], data["memory_budget"]
+    return data, None, None
+
+
+def check_plan_request(contract: Contract, plan: str | None, memory_budget: int | None) -> None:
+    """A plan the contract doesn't declare, or a budget that is no number of bytes, is a
+    ContractViolation naming the argument."""
+    from opcontract.errors import ContractViolation
+
+    if plan is not None and plan not in contract.plans:
+        known = ", ".join(contract.plans) if contract.plans else "none (it declares no plans)"
+        raise ContractViolation(
+            contract.op, "plan", "plans", f"no plan {plan!r}; the contract's plans: {known}"
+        )
+    if memory_budget is not None:
+        if not contract.plans:
+            raise ContractViolation(
+                contract.op, "memory_budget", "plans", "the op declares no plans to budget"
+            )
+        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int):
+            raise ContractViolation(
+                contract.op, "memory_budget", "plans",
+                f"must be an int number of bytes, got {memory_budget!r}",
+            )  # fmt: skip
+        if memory_budget < 0:
+            raise ContractViolation(
+                contract.op, "memory_budget", "plans", f"{memory_budget} bytes is negative"
+            )
+
+
+def choose_plan(
+    contract: Contract,
+    impl: Implementation,
+    call: CallInfo,
+    config: dict,
+    plan: str | None,
+    memory_budget: int | None,
+) -> tuple[str | None, dict[str, int]]:
+    """(the backward plan that runs, each offered plan's bytes). The caller's plan, else the
+    config's (tuned or canonical) if it fits the budget, else the first of the contract's
+    plans that does; none that fits is a ContractViolation naming the budget."""
+    from opcontract.errors import ContractViolation
+
+    offered = offered_plans(impl)
+    if not contract.plans or not offered:
+        if plan is None and memory_budget is None:
+            return None, {}
+        arg = "plan" if plan is not None else "memory_budget"
+        raise ContractViolation(
+            contract.op, arg, "plans", f"{impl.name} offers no backward plans to choose from"
+        )
+    if plan is not None and plan not in offered:
+        raise ContractViolation(
+            contract.op, "plan", "plans", f"{impl.name} offers {list(offered)}, not {plan!r}"
+        )
+    need = {n: b for n, b in impl.plan_memory(call, config).items() if n in offered}
+    first = config.get(PLAN_KEY) or next(n for n, p in contract.plans.items() if p.default)
+    order = [plan] if plan is not None else [first, *(n for n in offered if n != first)]
+    fits = [n for n in order if memory_budget is None or need[n] <= memory_budget]
+    if not fits:
+        which = f"plan {plan!r}" if plan is not None else "any backward plan"
+        needs = ", ".join(f"{n} needs {need[n]} ({format_bytes(need[n])})" for n in order)
+        raise ContractViolation(
+            contract.op, "memory_budget", "plans",
+            f"{memory_budget} bytes ({format_bytes(memory_budget)}) is too small for {which} of "
+            f"{impl.name} at {dict(call.sizes)}: {needs}",
+        )  # fmt: skip
+    return fits[0], need
+
+
+def format_bytes(n: int) -> str:
+    """n bytes for people: 512 B, 1.50 KiB, 5.38 GiB."""
+    if n < 1024:
+        return f"{n} B"
+    e = min(int(math.log(n, 1024)), 4)
+    return f"{n / 1024**e:.2f} {'BKMGT'[e]}{'iB' if e else ''}"
 
 
 def call_info(bound: BoundCall) -> CallInfo:
@@ -39,14 +140,33 @@ def select(
     backend: str | None,
     mode: str,
     config: dict | None = None,
+    plan: str | None = None,
+    memory_budget: int | None = None,
 ) -> Selection:
     """Keep the implementations that may serve the call. Where the tuning tables time some of
     them for this call's bucket, the fastest of those serves; else the highest priority.
 
     ``backend`` names a backend (``triton``) or one implementation (``triton.fused``).
     ``config`` (the tuner's candidates) replaces the tables' config; it must lie in the
-    selected implementation's declared space, as a table entry must.
+    selected implementation's declared space, as a table entry must. ``plan`` names one of
+    the contract's backward plans; ``memory_budget`` (bytes) bounds what the backward may
+    allocate beyond its inputs and gradients (see :func:`choose_plan`): both move no bit.
     """
+    check_plan_request(contract, plan, memory_budget)
+    sel = _select(contract, call, backend, mode, config)
+    sel.memory_budget = memory_budget
+    if sel.selected is not None:
+        sel.plan, sel.plan_memory = choose_plan(
+            contract, sel.selected, call, sel.config, plan, memory_budget
+        )
+        if sel.plan is not None:
+            sel.config = {**sel.config, PLAN_KEY: sel.plan}
+    return sel
+
+
+def _select(
+    contract: Contract, call: CallInfo, backend: str | None, mode: str, config: dict | None
+) -> Selection:
     sel = Selection(call, None)
     for impl in implementations(contract.op):
         why = rejection(impl, contract, call, mode)

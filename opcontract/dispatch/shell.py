@@ -17,7 +17,6 @@ cost more than a decode-sized kernel.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,7 @@ from opcontract.contracts.schema import Contract, condition, dim_value, output_s
 from opcontract.dispatch import call_cache
 from opcontract.dispatch.device import device_of, simulating
 from opcontract.dispatch.provenance import Provenance, record
-from opcontract.dispatch.select import Selection, call_info, select
+from opcontract.dispatch.select import Selection, call_info, route_options, select
 from opcontract.dispatch.validate import BoundCall, Signature, bind, check_values, signature
 from opcontract.errors import NoBackendError
 
@@ -104,18 +103,17 @@ def _route(c: Contract, sel: Selection, dtypes: dict, mode: str) -> Route:
         mode=mode,
         params=dict(sel.call.params),
         tuning_entry=sel.tuning_entry,
+        backward_plan=sel.plan,
+        backward_bytes=sel.plan_memory.get(sel.plan) if sel.plan else None,
     )
     checks = tuple((n, impl.layout_of(n)) for n in c.inputs if impl.layout_of(n) != "any")
     return Route(impl, dict(sel.config), prov, dict(sel.rejected), checks)
 
 
-def _config(text: str) -> dict | None:
-    return json.loads(text) if text else None
-
-
 def resolve(c: Contract, bound: BoundCall, backend: str | None, mode: str, config: str) -> Route:
-    """Select an implementation for a bound call."""
-    sel = select(c, call_info(bound), backend, mode, _config(config))
+    """Select an implementation for a bound call (``config``: a route string, see
+    ``select.route_string``)."""
+    sel = select(c, call_info(bound), backend, mode, *route_options(config))
     return _route(c, sel, bound.dtypes, mode)
 
 
@@ -329,7 +327,7 @@ class OpShell:
         hit = call_cache.get(k)
         if hit is None:
             call = CallInfo(device_of(first), dtype, sizes, dict(params))
-            sel = select(c, call, backend or None, mode, _config(config))
+            sel = select(c, call, backend or None, mode, *route_options(config))
             hit = _route(c, sel, {}, mode)
             call_cache.put(k, hit)
         return hit

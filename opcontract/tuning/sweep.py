@@ -48,6 +48,14 @@ class SweepOp(_Strict):
         default="forward",
         description="what is timed: the forward call, or forward and backward (training)",
     )
+    memory_budget: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "bytes the backward may allocate beyond its inputs and gradients: candidates "
+            "whose backward plan needs more at the item's shapes are never timed"
+        ),
+    )
     timing: Literal["eager", "graph"] = Field(
         default="eager",
         description=(
@@ -232,10 +240,12 @@ def tune(
     narrow: dict[str, list] | None = None,
     work: Callable[[dict], Callable[[], Any]] | None = None,
     timing: str = "eager",
+    over_budget: Callable[[dict], str | None] | None = None,
 ) -> tuple[dict | None, float | None, list]:
     """One Optuna study over the implementation's space (``narrow``ed per parameter where
     given), timing ``work`` (default: the forward; see :func:`workload`) as ``timing`` says
-    (see :func:`time_ms`); (best config, ms, rejected)."""
+    (see :func:`time_ms`); (best config, ms, rejected). ``over_budget(config)``: why a
+    candidate's backward plan exceeds the memory budget (it is then never timed), or None."""
     import optuna
     from optuna.trial import TrialState
 
@@ -262,6 +272,10 @@ def tune(
 
     def objective(trial):
         cfg = {k: trial.suggest_categorical(k, list(v)) for k, v in space.items()}
+        if over_budget is not None and (why := over_budget({**probe.canonical, **cfg})):
+            trial.set_user_attr("over_budget", why)
+            rejected.append((cfg, ("memory_budget",)))
+            raise optuna.TrialPruned()
         verdict = check(probe, cfg)
         if not verdict.ok:  # moved bits: recorded, never timed
             trial.set_user_attr("moved", list(verdict.moved))
@@ -282,6 +296,37 @@ def tune(
         return None, None, rejected
     best = min(done, key=lambda t: t.value)
     return dict(best.params), best.value, rejected
+
+
+def study_space(item: SweepOp, impl, canonical: dict) -> dict[str, list] | None:
+    """The item's narrowed space; a forward-timed study also pins the implementation's
+    backward-only keys (the backward plan) at the canonical value: the forward can't time
+    them, and a table entry must not pick a plan by the forward's noise."""
+    narrow = dict(item.space or {})
+    if item.objective == "forward":
+        for k in impl.backward_only:
+            if k in impl.config_space and k in canonical:
+                narrow[k] = [canonical[k]]
+    return narrow or None
+
+
+def _budget_check(item: SweepOp, impl, info, dtype: str, sizes: dict):
+    """over_budget for :func:`tune`: why a config's backward plan needs more than the
+    item's memory budget, or None; None where there is no budget or no plans."""
+    if item.memory_budget is None or impl.plan_memory is None:
+        return None
+    from opcontract.backends.registry import PLAN_KEY, CallInfo
+
+    call = CallInfo(info, dtype, sizes, dict(item.params))
+
+    def over(cfg: dict) -> str | None:
+        plan = cfg.get(PLAN_KEY)
+        need = impl.plan_memory(call, cfg).get(plan, 0)
+        if need > item.memory_budget:
+            return f"{plan} needs {need} bytes, over the budget of {item.memory_budget}"
+        return None
+
+    return over
 
 
 def _precompile(tasks: list, device: str, workers: int, progress: bool) -> None:
@@ -427,9 +472,10 @@ def run_sweep(
                 trials=trials,
                 timeout=timeout,
                 device=device,
-                narrow=item.space,
+                narrow=study_space(item, impl, probe.canonical),
                 work=work,
                 timing=item.timing,
+                over_budget=_budget_check(item, impl, info, dt, sizes),
             )
             default_ms = time_ms(work(probe.canonical), device, item.timing)
         except Exception as e:  # the default config itself fails: nothing to write

@@ -88,6 +88,8 @@ def backward(
         saved["hidden"], saved["weight"], targets, saved["lse"], None, g_lp, None, g_sm,
         multiplier, softcap, ignore_index,
         need_hidden=needs["hidden"], need_weight=needs["weight"],
+        plan=config.get("backward_plan", "vocab_chunks"),
+        token_chunk=config.get("token_chunk", slp.DEFAULT_PLAN["token_chunk"]),
     )  # fmt: skip
     return {"hidden": gh, "weight": gw}
 

@@ -13,6 +13,7 @@ from opcontract.backends.torch import linear_cross_entropy as lce
 from opcontract.backends.torch import normalized_embedding as emb
 from opcontract.backends.torch import qk_norm_rope as qkr
 from opcontract.backends.torch import rms_norm as rn
+from opcontract.backends.torch import softcap_logits as slg
 from opcontract.backends.torch import softcap_logprob as slp
 from opcontract.backends.torch import swiglu as sw
 from opcontract.contracts import get_contract
@@ -68,6 +69,15 @@ _STRICT = dict(
     grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
     priority={"cpu": 10, "cuda": 1},
 )
+# The strict head's backward plans (the contracts' equal-bits ``plans``).
+_HEAD_PLANS = dict(
+    config_space=slp.CONFIG_SPACE,
+    default_config=lambda call: dict(slp.DEFAULT_PLAN),
+    plan_memory=lambda call, config: slp.plan_memory(
+        call.sizes["T"], call.sizes["H"], call.sizes["V"], call.dtype, config
+    ),
+    backward_only=tuple(slp.CONFIG_SPACE),
+)
 # Stock eager torch: a vendor GEMM and library reductions, in no declared order.
 _LIBRARY = _plan(block="library", order="library", split="library")
 _EAGER = dict(
@@ -98,6 +108,7 @@ register(
     plan=_SLP_PLAN,
     summary="portable strict path: elementwise float32 ops in the contract's order",
     **_STRICT,
+    **_HEAD_PLANS,
 )
 register(
     op="softcap_logprob",
@@ -107,6 +118,15 @@ register(
     plan={name: _LIBRARY for name in _SLP_PLAN},
     summary="stock eager torch (cuBLAS/CPU BLAS); not batch-invariant",
     **_EAGER,
+)
+
+register(
+    op="softcap_logits",
+    name="torch.strict_logits",
+    forward=slg.forward,
+    plan={"gemm_k": _HEAD_PLAN["gemm_k"], "vocab_lse": _HEAD_PLAN["vocab_lse"]},
+    summary="the sampler head: the strict softcap_logprob forward, its logits kept",
+    **{**_STRICT, "grad_invariances": {}},
 )
 
 _LCE_PLAN = {
@@ -122,6 +142,7 @@ register(
     plan=_LCE_PLAN,
     summary="the strict torch head, reduced over tokens by a fixed pairwise tree",
     **_STRICT,
+    **_HEAD_PLANS,
 )
 register(
     op="linear_cross_entropy",

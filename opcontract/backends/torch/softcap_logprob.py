@@ -12,7 +12,9 @@ add), so the order of every reduction is written in this file and nowhere else:
   strictly larger max.
 * grad_hidden_v: chunks of ``GRAD_CHUNK`` columns in ascending order, each chunk's
   partial summed over its columns one at a time, then added to a float32 buffer.
-* grad_weight_t: one float32 accumulator per element, the tokens walked one at a time.
+* grad_weight_t: one float32 accumulator per element, the tokens walked one at a time
+  (per vocabulary block over all tokens, or, in the token_chunks plan, per chunk of tokens
+  into a float32 [V, H] buffer: the same additions in the same order).
 
 exp, log and tanh come from ``elementwise`` (float64, rounded once): torch's float32 CPU
 versions depend on an element's position in the tensor.
@@ -104,9 +106,10 @@ def _block_logits(
     return z, t, valid
 
 
-def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index):
+def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index, z_out=None):
     """(logprob, entropy, predicted, lse, mean_z, smooth): every output and what backward
-    needs; smooth = lse - mean_v z is label smoothing's term."""
+    needs; smooth = lse - mean_v z is label smoothing's term. ``z_out`` ([T, V] float32,
+    the sampler head's): receives every block's z as it is computed."""
     T = hidden.shape[0]
     V = weight.shape[0]
     dev = hidden.device
@@ -122,6 +125,8 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
     z_target = torch.zeros(T, **f32)
     for v0 in range(0, V, VOCAB_BLOCK):  # ascending vocabulary blocks: the bits depend on it
         z, _, valid = _block_logits(h, weight, v0, multiplier, softcap)
+        if z_out is not None:
+            z_out[:, v0 : v0 + VOCAB_BLOCK] = z[:, : min(VOCAB_BLOCK, V - v0)]
         z = torch.where(valid, z, float("-inf"))
         m_b = z.max(dim=1).values
         e = ew.exp(z - m_b[:, None])
@@ -145,6 +150,85 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
     return logprob, lse - mean_z, arg_idx, lse, mean_z, lse - z_total / V
 
 
+PLANS = ("vocab_chunks", "token_chunks")  # the contract's equal-bits backward plans
+DEFAULT_PLAN = {"backward_plan": "vocab_chunks", "token_chunk": 1024}
+CONFIG_SPACE = {"backward_plan": PLANS, "token_chunk": (256, 512, 1024, 2048)}
+
+
+def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, int]:
+    """Bytes of the float32 buffers each backward plan holds beyond its inputs and the
+    gradients it returns (the per-block temporaries of VOCAB_BLOCK columns not counted):
+    vocab_chunks grad_hidden and a chunk's partial, [T, H] each; token_chunks the same for
+    C = min(token_chunk, T) rows, and the [V, H] grad_weight buffer."""
+    c = min(int(config.get("token_chunk", DEFAULT_PLAN["token_chunk"])), T)
+    return {"vocab_chunks": 2 * T * H * 4, "token_chunks": 2 * c * H * 4 + V * H * 4}
+
+
+def _block_grad(h, weight, t, lse, mean_z, gl, ge, gs, v0, dtype, multiplier, softcap):
+    """g (float32 holding input-dtype values) of VOCAB_BLOCK columns from v0 for h's rows,
+    and how many of them are real; elementwise, so a row's g is the same in any set of rows."""
+    V = weight.shape[0]
+    z, tanh_z, valid = _block_logits(h, weight, v0, multiplier, softcap)
+    p = ew.exp(z - lse[:, None])
+    cols = torch.arange(v0, v0 + VOCAB_BLOCK, device=h.device)
+    gz = gl[:, None] * ((cols[None, :] == t[:, None]).float() - p)
+    if ge is not None:
+        gz = gz - ge[:, None] * p * (z - mean_z[:, None])
+    if gs is not None:  # d(lse - mean_v z)/dz = p - 1/V
+        gz = gz + gs[:, None] * (p - 1.0 / V)
+    dz = multiplier if softcap is None else multiplier * (1.0 - tanh_z * tanh_z)
+    g = torch.where(valid, gz * dz, 0.0).to(dtype).float()  # declared cast
+    return g, int(valid.sum())
+
+
+def _add_tokens(acc, g, h, nv):
+    """grad_weight_t: acc + g[i, :nv] h[i] for the rows i in ascending order."""
+    for i in range(h.shape[0]):
+        acc = acc + g[i, :nv, None] * h[i]
+    return acc
+
+
+def _rows_backward(
+    h,
+    weight,
+    t,
+    lse,
+    mean_z,
+    gl,
+    ge,
+    gs,
+    dtype,
+    multiplier,
+    softcap,
+    *,
+    grad_w,
+    buffer,
+    need_hidden,
+):
+    """grad_hidden of h's rows in float32 (None unless ``need_hidden``; grad_hidden_v: chunks
+    of GRAD_CHUNK columns in ascending order, columns one at a time within a chunk); each
+    block's token products summed into ``grad_w`` where given: added to a float32 [V, H]
+    buffer that continues across calls (``buffer``), or summed from zero and written once in
+    grad_w's dtype."""
+    V = weight.shape[0]
+    grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_hidden else None
+    for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
+        chunk_h = torch.zeros_like(grad_h) if need_hidden else None
+        for v0 in range(c0, min(c0 + GRAD_CHUNK, V), VOCAB_BLOCK):
+            g, nv = _block_grad(h, weight, t, lse, mean_z, gl, ge, gs, v0, dtype, multiplier,
+                                softcap)  # fmt: skip
+            if grad_w is not None:
+                start = grad_w[v0 : v0 + nv] if buffer else torch.zeros_like(grad_w[:nv]).float()
+                grad_w[v0 : v0 + nv] = _add_tokens(start, g, h, nv).to(grad_w.dtype)
+            if need_hidden:
+                w = weight[v0 : v0 + nv].float()
+                for j in range(nv):  # within the chunk: columns in ascending order
+                    chunk_h = chunk_h + g[:, j : j + 1] * w[j]
+        if need_hidden:
+            grad_h = grad_h + chunk_h
+    return grad_h
+
+
 def strict_backward(
     hidden,
     weight,
@@ -159,8 +243,17 @@ def strict_backward(
     ignore_index,
     need_hidden=True,
     need_weight=True,
+    plan="vocab_chunks",
+    token_chunk=1024,
 ):
-    """grad_hidden and grad_weight in the contract's order (see the module docstring)."""
+    """grad_hidden and grad_weight in the contract's order (see the module docstring), by
+    one of the equal-bits plans. vocab_chunks: per vocabulary block, grad_weight's rows
+    summed over every token and written once in the weight's dtype. token_chunks: per chunk
+    of token_chunk rows, each block's token products added to a float32 [V, H] buffer
+    (the same additions in the same order: grad_weight_t's block is one token), rounded
+    once at the end; grad_hidden the same per row either way."""
+    if plan not in PLANS:
+        raise ValueError(f"unknown backward plan {plan!r}; one of {PLANS}")
     T, H = hidden.shape
     V = weight.shape[0]
     dev = hidden.device
@@ -169,35 +262,28 @@ def strict_backward(
     gl = torch.where(t != ignore_index, grad_logprob.float(), 0.0)
     ge = grad_entropy.float() if grad_entropy is not None else None
     gs = grad_smooth.float() if grad_smooth is not None else None
-    grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev)
-    grad_w = torch.zeros(V, H, dtype=torch.float32, device=dev)
-    for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
-        chunk_h = torch.zeros(T, H, dtype=torch.float32, device=dev)
-        for v0 in range(c0, min(c0 + GRAD_CHUNK, V), VOCAB_BLOCK):
-            z, tanh_z, valid = _block_logits(h, weight, v0, multiplier, softcap)
-            p = ew.exp(z - lse[:, None])
-            cols = torch.arange(v0, v0 + VOCAB_BLOCK, device=dev)
-            gz = gl[:, None] * ((cols[None, :] == t[:, None]).float() - p)
-            if ge is not None:
-                gz = gz - ge[:, None] * p * (z - mean_z[:, None])
-            if gs is not None:  # d(lse - mean_v z)/dz = p - 1/V
-                gz = gz + gs[:, None] * (p - 1.0 / V)
-            dz = multiplier if softcap is None else multiplier * (1.0 - tanh_z * tanh_z)
-            g = torch.where(valid, gz * dz, 0.0).to(hidden.dtype).float()  # declared cast
-            nv = int(valid.sum())
-            if need_weight:
-                acc = torch.zeros(nv, H, dtype=torch.float32, device=dev)
-                for i in range(T):  # grad_weight_t: tokens in ascending order
-                    acc = acc + g[i, :nv, None] * h[i]
-                grad_w[v0 : v0 + nv] = acc
-            if need_hidden:
-                w = weight[v0 : v0 + nv].float()
-                for j in range(nv):  # within the chunk: columns in ascending order
-                    chunk_h = chunk_h + g[:, j : j + 1] * w[j]
-        grad_h = grad_h + chunk_h
+    mz = mean_z if ge is not None else None
+    head = (hidden.dtype, multiplier, softcap)
+    if plan == "vocab_chunks" or T == 0:
+        grad_w = torch.zeros(V, H, dtype=weight.dtype, device=dev) if need_weight else None
+        grad_h = _rows_backward(h, weight, t, lse, mz, gl, ge, gs, *head, grad_w=grad_w,
+                                buffer=False, need_hidden=need_hidden)  # fmt: skip
+        return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
+    buf = torch.zeros(V, H, dtype=torch.float32, device=dev) if need_weight else None
+    rows = []
+    for t0 in range(0, T, token_chunk):  # ascending token chunks
+        r = slice(t0, min(t0 + token_chunk, T))
+
+        def part(x, r=r):
+            return x[r] if x is not None else None
+
+        rows.append(
+            _rows_backward(h[r], weight, t[r], lse[r], part(mz), gl[r], part(ge), part(gs),
+                           *head, grad_w=buf, buffer=True, need_hidden=need_hidden)
+        )  # fmt: skip
     return (
-        grad_h.to(hidden.dtype) if need_hidden else None,
-        grad_w.to(weight.dtype) if need_weight else None,
+        torch.cat(rows).to(hidden.dtype) if need_hidden else None,
+        buf.to(weight.dtype) if need_weight else None,
     )
 
 
@@ -248,6 +334,8 @@ def backward(
         g_lp if g_lp is not None else torch.zeros_like(lse), g_ent, None,
         multiplier, softcap, ignore_index,
         need_hidden=needs["hidden"], need_weight=needs["weight"],
+        plan=config.get("backward_plan", "vocab_chunks"),
+        token_chunk=config.get("token_chunk", DEFAULT_PLAN["token_chunk"]),
     )  # fmt: skip
     return {"hidden": gh, "weight": gw}
 

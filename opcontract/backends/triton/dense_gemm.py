@@ -122,6 +122,7 @@ def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
         GROUP_M=cfg["group_m"],
         CHUNK=K_BLOCK if parallel else 0,
         FUSE_SUM=fuse,
+        SEEDED=False,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -84,9 +84,16 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
                  ACCUMULATE: tl.constexpr, BIAS: tl.constexpr, INTERPRET: tl.constexpr,
                  PROMOTE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr, CHUNK: tl.constexpr, FUSE_SUM: tl.constexpr):
+                 GROUP_M: tl.constexpr, CHUNK: tl.constexpr, FUSE_SUM: tl.constexpr,
+                 SEEDED: tl.constexpr):
     """c = a @ b (+ bias, in float32; ACCUMULATE: c += a @ b, c float32), the K loop
     ascending, no split.
+
+    ACCUMULATE adds the whole K sum to c once: c + (((0 + p_0) + p_1) + ...). SEEDED
+    (with ACCUMULATE, no bias) starts the running sum at c instead: ((c + p_0) + p_1) + ...,
+    and stores it into out (c's strides; c itself, or the result in its own dtype after the
+    last call), so consecutive calls over K chunks whose edges fall on promoted partials
+    (multiples of PROMOTE * BLOCK_K) give one call over all of K, rounding included.
 
     CHUNK > 0 (a multiple of PROMOTE * BLOCK_K): program (tile, j) computes only K chunk j,
     as 0 + its promoted partial, into float32 plane j of c (``stride_cchunk`` apart; planes
@@ -112,6 +119,9 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     fresh = acc + zero
     part = fresh
+    if SEEDED:  # the running sum continues from c: partials are added to it one by one
+        seed = rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+        acc = tl.load(c_ptr + seed, mask=(rm < M)[:, None] & (rn < N)[None, :], other=0.0)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = (k0 + ks) < k_hi
         a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
@@ -138,9 +148,12 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, s
     if CHUNK == 0:
         if BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        if ACCUMULATE:  # a chunk's partial added to a float32 buffer
-            acc = tl.load(c_ptr + offs, mask=c_mask, other=0.0) + acc
-        tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+        if SEEDED:
+            tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
+        else:
+            if ACCUMULATE:  # a chunk's partial added to a float32 buffer
+                acc = tl.load(c_ptr + offs, mask=c_mask, other=0.0) + acc
+            tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 @triton.jit

@@ -23,6 +23,6 @@ def backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index, 
              label_smoothing, return_token_accuracy):
     g_lp, g_sm = lce.head_grads(grads["loss"], saved["targets"], ignore_index=ignore_index,
                                 reduction=reduction, label_smoothing=label_smoothing)
-    return slp.head_backward(saved, g_lp, None, g_sm, needs, multiplier=multiplier,
+    return slp.head_backward(config, saved, g_lp, None, g_sm, needs, multiplier=multiplier,
                              softcap=softcap, ignore_index=ignore_index)
 # fmt: on

@@ -12,6 +12,7 @@ from opcontract.backends.triton import linear_cross_entropy as lce
 from opcontract.backends.triton import normalized_embedding as emb
 from opcontract.backends.triton import qk_norm_rope as qkr
 from opcontract.backends.triton import rms_norm as rn
+from opcontract.backends.triton import softcap_logits as slg
 from opcontract.backends.triton import softcap_logprob as slp
 from opcontract.backends.triton import swiglu as tsw
 from opcontract.contracts.schema import ReductionPlan
@@ -50,6 +51,10 @@ _HEAD = dict(
     features=("approx_transcendentals",),
     config_space=slp.CONFIG_SPACE,
     default_config=lambda call: slp.default_config(call.dtype, call.sizes.get("T")),
+    plan_memory=lambda call, config: slp.plan_memory(
+        call.sizes["T"], call.sizes["H"], call.sizes["V"], call.dtype, config
+    ),
+    backward_only=slp.BACKWARD_ONLY,
 )
 
 register(
@@ -77,6 +82,24 @@ register(
     },
     summary="the fused Triton head, reduced over tokens by a fixed pairwise tree",
     **_HEAD,
+)
+
+register(
+    op="softcap_logits",
+    name="triton.logits",
+    forward=slg.forward,
+    plan={
+        "gemm_k": _HEAD_PLAN["gemm_k"],
+        "vocab_lse": _HEAD_PLAN["vocab_lse"],
+    },
+    summary="the sampler head: softcap_logprob's partials kernel also storing z [T, V]",
+    **{
+        **_HEAD,
+        "grad_invariances": {},
+        "config_space": slg.CONFIG_SPACE,
+        "default_config": lambda call: slg.default_config(call.dtype, call.sizes.get("T")),
+        "layout": {"*": "rows"},
+    },
 )
 
 _NORM = dict(

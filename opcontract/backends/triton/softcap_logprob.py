@@ -21,7 +21,14 @@ GEMM_K_BLOCK = 256
 # The K step of one loaded tile, per dtype (shared memory: 3 stages of 128-row tiles).
 BLOCK_K = {"bfloat16": 128, "float16": 128, "float32": 64}
 
-_BASE = {"programs_per_sm": 1, "group_t": 8}
+# Backward plans (the contract's ``plans``, equal bits): vocab_chunks walks the vocabulary
+# in GRAD_CHUNK columns (grad_weight[chunk] one GEMM over all tokens, no [V, H] float32
+# buffer); token_chunks walks the tokens in chunks of token_chunk rows (a multiple of
+# GEMM_K_BLOCK, so a chunk's edges fall on grad_weight_t's promoted partials), adding each
+# chunk's partials to a float32 [V, H] buffer in the same ascending order.
+PLANS = ("vocab_chunks", "token_chunks")
+TOKEN_CHUNKS = (256, 512, 1024, 2048)
+_BASE = {"programs_per_sm": 1, "group_t": 8, "backward_plan": "vocab_chunks", "token_chunk": 1024}
 DEFAULT_CONFIG = {
     "bfloat16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 3},
     "float16": {**_BASE, "schedule": "tma", "block_t": 128, "num_warps": 8, "num_stages": 3},
@@ -38,7 +45,10 @@ CONFIG_SPACE = {
     "group_t": (1, 4, 8, 16),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+    "backward_plan": PLANS,
+    "token_chunk": TOKEN_CHUNKS,
 }
+BACKWARD_ONLY = ("backward_plan", "token_chunk")  # config keys the forward never reads
 
 
 # Decode-sized calls (T <= 64) waste half of a 128-row tile's MMA work: 64-row tiles.
@@ -104,6 +114,7 @@ class HeadResult(NamedTuple):
     lse: torch.Tensor
     mean_z: torch.Tensor | None
     smooth: torch.Tensor | None  # lse - mean_v z: label smoothing's term
+    logits: torch.Tensor | None = None  # z [T, V] float32: the sampler head's
 
 
 def forward_all(
@@ -117,10 +128,13 @@ def forward_all(
     entropy=False,
     argmax=False,
     zsum=False,
+    logits=False,
     config=None,
     _pinned=None,
 ):
-    """HeadResult of [T] tensors; entropy/mean_z, predicted and smooth only when asked for.
+    """HeadResult of [T] tensors; entropy/mean_z, predicted and smooth only when asked for;
+    with ``logits`` also z [T, V] float32, stored by the partials kernel from the very tile
+    values it reduces (the sampler head).
 
     ``config`` takes keys of CONFIG_SPACE. ``_pinned`` overrides the contract-pinned blocks
     (``block_v``, ``block_k``, ``promote``: K steps per promoted partial, 0 for never):
@@ -143,7 +157,8 @@ def forward_all(
     mean_z = torch.empty(T, **f32) if entropy else None
     pred = torch.empty(T, dtype=torch.int64, device=dev) if argmax else None
     smooth = torch.empty(T, **f32) if zsum else None
-    result = HeadResult(logprob, ent, pred, lse, mean_z, smooth)
+    z = torch.empty(T, V, **f32) if logits else None
+    result = HeadResult(logprob, ent, pred, lse, mean_z, smooth, z)
     if T == 0:
         return result
     hidden, weight, targets = (
@@ -164,6 +179,7 @@ def forward_all(
         ENTROPY=entropy,
         ARGMAX=argmax,
         ZSUM=zsum,
+        LOGITS=logits,
         INTERPRET=interpreting(),
         PROMOTE=promote,
         BLOCK_T=bt,
@@ -173,7 +189,7 @@ def forward_all(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    outs = (targets, pmax, psum, pzs, parg, pzsum, z_t)
+    outs = (targets, pmax, psum, pzs, parg, pzsum, z_t, z if logits else pmax)
     scalars = (*_scalars(multiplier, softcap), 0.0)
     n_tiles = cdiv(T, bt) * n_blocks
     programs = min(n_tiles, _num_sms(dev) * cfg["programs_per_sm"])
@@ -244,8 +260,10 @@ def forward_all(
     return result
 
 
-def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
-    """c (+)= a @ b with the strides given as (row, col) pairs; the K loop ascending."""
+def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate, seeded=False, out=None):
+    """c (+)= a @ b with the strides given as (row, col) pairs; the K loop ascending.
+    ``seeded``: the running sum starts at c and goes to ``out`` (c's strides; default c),
+    see ``_gemm_kernel``'s SEEDED."""
     from opcontract.backends.triton import dense_gemm_kernels as k
 
     cfg = dict(GRAD_GEMM, **(GRAD_GEMM_INTERPRETER if interpreting() else {}))
@@ -266,7 +284,7 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         *sc,
         0,
         0.0,
-        c,
+        c if out is None else out,
         c,
         ACCUMULATE=accumulate,
         BIAS=False,
@@ -278,47 +296,85 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate):
         GROUP_M=cfg["group_m"],
         CHUNK=0,
         FUSE_SUM=False,
+        SEEDED=seeded,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
 
 
+def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, int]:
+    """Bytes each backward plan allocates beyond its inputs and the gradients it returns:
+    vocab_chunks g [T, GRAD_CHUNK] (input dtype) and grad_hidden's float32 [T, H];
+    token_chunks g [C, V], a chunk's float32 grad_hidden [C, H] and the float32 [V, H]
+    grad_weight buffer (C = min(token_chunk, T))."""
+    size = 2 if dtype in ("bfloat16", "float16") else 4
+    c = min(int(config.get("token_chunk", _BASE["token_chunk"])), T)
+    return {
+        "vocab_chunks": T * min(GRAD_CHUNK, V) * size + T * H * 4,
+        "token_chunks": c * V * size + c * H * 4 + V * H * 4,
+    }
+
+
 # fmt: off
-def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, grad_smooth, *,
-             multiplier, softcap, ignore_index, need_hidden=True, need_weight=True):
-    """(grad_hidden, grad_weight): per vocabulary chunk, ascending, g recomputed and rounded
-    to the input dtype; grad_weight[chunk] = g.T @ hidden written once; grad_hidden summed
-    chunk by chunk in a float32 buffer and rounded once."""
+def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg, *,
+                 multiplier, softcap, ignore_index, entropy, smooth):
+    """g[:, :n] = the logits' gradient of vocabulary columns [c0, c0 + n) for hidden's rows,
+    in the input dtype (the forward's tiles: the same z, bit for bit)."""
     from opcontract.backends.triton import softcap_logprob_kernels as k
 
     T, H = hidden.shape
     V = weight.shape[0]
+    block_k = BLOCK_K[_dtype(hidden)]
+    scale, cap = _scalars(multiplier, softcap)
+    grid = (cdiv(T, cfg["block_t"]) * cdiv(n, BLOCK_V),)
+    launch(
+        k._grad_logits_kernel, grid,
+        hidden, weight, targets, lse, mean_z if mean_z is not None else lse, gl, ge, gs, g,
+        T, V, H, hidden.stride(0), weight.stride(0), g.stride(0), c0, n,
+        scale, cap, float(multiplier), int(ignore_index), 0.0,
+        HAS_CAP=softcap is not None, ENTROPY=entropy, SMOOTH=smooth, INTERPRET=interpreting(),
+        PROMOTE=GEMM_K_BLOCK // block_k, EVEN_K=H % block_k == 0,
+        BLOCK_T=cfg["block_t"], BLOCK_V=BLOCK_V, BLOCK_K=block_k, GROUP_T=cfg["group_t"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, grad_smooth, *,
+             multiplier, softcap, ignore_index, need_hidden=True, need_weight=True,
+             plan="vocab_chunks", token_chunk=1024):
+    """(grad_hidden, grad_weight) by one of the equal-bits plans (see PLANS).
+
+    vocab_chunks: per vocabulary chunk, ascending, g recomputed and rounded to the input
+    dtype; grad_weight[chunk] = g.T @ hidden written once; grad_hidden summed chunk by chunk
+    in a float32 buffer and rounded once. token_chunks: per chunk of token_chunk rows,
+    ascending, g over the whole vocabulary; the rows' grad_hidden summed over the same
+    vocabulary chunks in the same order; grad_weight's 256-token partials added to a float32
+    [V, H] buffer in ascending order, rounded once at the end."""
+    if plan not in PLANS:
+        raise ValueError(f"unknown backward plan {plan!r}; one of {PLANS}")
+    if token_chunk % GEMM_K_BLOCK:
+        raise ValueError(f"token_chunk {token_chunk} is not a multiple of {GEMM_K_BLOCK}")
+    T, H = hidden.shape
+    V = weight.shape[0]
     dev = hidden.device
     hidden, weight = _rows_contiguous(hidden), _rows_contiguous(weight)
-    cfg = default_config(_dtype(hidden), T)
-    block_k = BLOCK_K[_dtype(hidden)]
-    grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev) if need_hidden else None
-    grad_w = torch.zeros_like(weight) if need_weight else None
+    cfg = default_config(_dtype(hidden), T)  # the forward's tiles for this T, in every chunk
     if T == 0:
-        return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
-    g = torch.empty(T, GRAD_CHUNK, dtype=hidden.dtype, device=dev)
+        grad_h = torch.zeros(T, H, dtype=hidden.dtype, device=dev) if need_hidden else None
+        return grad_h, (torch.zeros_like(weight) if need_weight else None)
     gl = grad_logprob.float().contiguous()
     ge = grad_entropy.float().contiguous() if grad_entropy is not None else gl
     gs = grad_smooth.float().contiguous() if grad_smooth is not None else gl
-    scale, cap = _scalars(multiplier, softcap)
+    head = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
+                entropy=grad_entropy is not None, smooth=grad_smooth is not None)
+    if plan == "token_chunks":
+        return _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg,
+                                      head, need_hidden, need_weight, token_chunk)
+    grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev) if need_hidden else None
+    grad_w = torch.zeros_like(weight) if need_weight else None
+    g = torch.empty(T, GRAD_CHUNK, dtype=hidden.dtype, device=dev)
     for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
         n = min(GRAD_CHUNK, V - c0)
-        grid = (cdiv(T, cfg["block_t"]) * cdiv(n, BLOCK_V),)
-        launch(
-            k._grad_logits_kernel, grid,
-            hidden, weight, targets, lse, mean_z if mean_z is not None else lse, gl, ge, gs, g,
-            T, V, H, hidden.stride(0), weight.stride(0), g.stride(0), c0, n,
-            scale, cap, float(multiplier), int(ignore_index), 0.0,
-            HAS_CAP=softcap is not None, ENTROPY=grad_entropy is not None,
-            SMOOTH=grad_smooth is not None, INTERPRET=interpreting(),
-            PROMOTE=GEMM_K_BLOCK // block_k, EVEN_K=H % block_k == 0,
-            BLOCK_T=cfg["block_t"], BLOCK_V=BLOCK_V, BLOCK_K=block_k, GROUP_T=cfg["group_t"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg, **head)
         if need_weight:  # grad_weight_t: [n, H] = g[:, :n].T @ hidden, K = T
             _gemm(g, hidden, grad_w[c0:c0 + n], n, H, T, (1, g.stride(0)),
                   (hidden.stride(0), 1), (grad_w.stride(0), 1), accumulate=False)
@@ -326,6 +382,40 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
             _gemm(g, weight[c0:c0 + n], grad_h, T, H, n, (g.stride(0), 1),
                   (weight.stride(0), 1), (grad_h.stride(0), 1), accumulate=True)
     return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
+
+
+def _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg, head,
+                           need_hidden, need_weight, token_chunk):
+    """The token_chunks plan: the vocab_chunks plan's additions, regrouped by token chunk."""
+    T, H = hidden.shape
+    V = weight.shape[0]
+    dev = hidden.device
+    rows = min(token_chunk, T)
+    g = torch.empty(rows, V, dtype=hidden.dtype, device=dev)
+    grad_h = torch.empty(T, H, dtype=hidden.dtype, device=dev) if need_hidden else None
+    chunk_h = torch.empty(rows, H, dtype=torch.float32, device=dev) if need_hidden else None
+    acc_w = torch.zeros(V, H, dtype=torch.float32, device=dev) if need_weight else None
+    grad_w = torch.empty(V, H, dtype=weight.dtype, device=dev) if need_weight else None
+    for t0 in range(0, T, token_chunk):  # ascending token chunks, edges on 256-token partials
+        m = min(token_chunk, T - t0)
+        h = hidden[t0:t0 + m]
+        mz = mean_z[t0:t0 + m] if mean_z is not None else None
+        _grad_logits(h, weight, targets[t0:t0 + m], lse[t0:t0 + m], mz, gl[t0:t0 + m],
+                     ge[t0:t0 + m], gs[t0:t0 + m], g, 0, V, cfg, **head)
+        if need_hidden:  # the rows' grad_hidden_v: the same chunks, the same order
+            chunk_h.zero_()
+            for c0 in range(0, V, GRAD_CHUNK):
+                n = min(GRAD_CHUNK, V - c0)
+                _gemm(g[:, c0:], weight[c0:c0 + n], chunk_h, m, H, n, (g.stride(0), 1),
+                      (weight.stride(0), 1), (chunk_h.stride(0), 1), accumulate=True)
+            grad_h[t0:t0 + m] = chunk_h[:m].to(hidden.dtype)
+        if need_weight:  # grad_weight_t: the buffer's running sum continues, K = m; the
+            # last chunk writes it rounded once, by the kernel's cast as in vocab_chunks
+            last = t0 + token_chunk >= T
+            _gemm(g, h, acc_w, V, H, m, (1, g.stride(0)), (h.stride(0), 1),
+                  (acc_w.stride(0), 1), accumulate=True, seeded=True,
+                  out=grad_w if last else acc_w)
+    return grad_h, grad_w
 
 
 def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index,
@@ -338,24 +428,27 @@ def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_inde
     return r.logprob, r.entropy, r.predicted, r.lse, r.mean_z
 
 
-def head_backward(saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier, softcap,
-                  ignore_index):
-    """{hidden, weight} of the head, for softcap_logprob's and linear_cross_entropy's grads."""
+def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier,
+                  softcap, ignore_index):
+    """{hidden, weight} of the head, for softcap_logprob's and linear_cross_entropy's grads,
+    by the config's backward plan."""
     lse = saved["lse"]
     gh, gw = backward(
         saved["hidden"], saved["weight"], saved["targets"], lse,
         saved.get("mean_z") if g_entropy is not None else None,
         g_logprob if g_logprob is not None else torch.zeros_like(lse), g_entropy, g_smooth,
         multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
-        need_hidden=needs["hidden"], need_weight=needs["weight"])
+        need_hidden=needs["hidden"], need_weight=needs["weight"],
+        plan=config.get("backward_plan", _BASE["backward_plan"]),
+        token_chunk=config.get("token_chunk", _BASE["token_chunk"]))
     return {"hidden": gh, "weight": gw}
 
 
 def logprob_backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index,
                      return_entropy, return_predicted):
     g_ent = grads["entropy"] if return_entropy else None
-    return head_backward(saved, grads["logprob"], g_ent, None, needs, multiplier=multiplier,
-                         softcap=softcap, ignore_index=ignore_index)
+    return head_backward(config, saved, grads["logprob"], g_ent, None, needs,
+                         multiplier=multiplier, softcap=softcap, ignore_index=ignore_index)
 
 
 def explore_forward(hidden, weight, targets, *, _pinned, multiplier=1.0, softcap=None,

@@ -95,14 +95,18 @@ def _capped(acc, scale, softcap, HAS_CAP: tl.constexpr):
 
 
 @triton.jit
-def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
+def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, z_ptr,
                    T, V, pid_t, pid_v, scale, softcap,
                    HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                   ZSUM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
+                   ZSUM: tl.constexpr, LOGITS: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_V: tl.constexpr):
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < T
     z, _t = _capped(acc, scale, softcap, HAS_CAP)
+    if LOGITS:  # the sampler head: z itself, the very values the partials below reduce
+        z_ptrs = z_ptr + rows.to(tl.int64)[:, None] * V + cols[None, :]
+        tl.store(z_ptrs, z, mask=row_ok[:, None] & (cols < V)[None, :])
     z = tl.where((cols < V)[None, :], z, float("-inf"))
     m = tl.max(z, axis=1)
     e = tl.exp(z - m[:, None])
@@ -125,27 +129,28 @@ def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
 
 @triton.jit
 def _partials_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
-                     zt_ptr,
+                     zt_ptr, z_ptr,
                      T, V, H, stride_h, stride_w, scale, softcap, zero,
                      HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                     ZSUM: tl.constexpr, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
-                     EVEN_K: tl.constexpr,
+                     ZSUM: tl.constexpr, LOGITS: tl.constexpr, INTERPRET: tl.constexpr,
+                     PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_T: tl.constexpr):
     pid_t, pid_v = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T), tl.cdiv(V, BLOCK_V),
                                 GROUP_T)
     acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
                                 INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
-    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, T, V,
-                   pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM, BLOCK_T, BLOCK_V)
+    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, z_ptr,
+                   T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM, LOGITS,
+                   BLOCK_T, BLOCK_V)
 
 
 @triton.jit
 def _partials_persistent_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr,
-                                pzsum_ptr, zt_ptr, T, V, H, stride_h, stride_w, scale, softcap,
-                                zero,
+                                pzsum_ptr, zt_ptr, z_ptr, T, V, H, stride_h, stride_w, scale,
+                                softcap, zero,
                                 HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
-                                ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
+                                ARGMAX: tl.constexpr, ZSUM: tl.constexpr, LOGITS: tl.constexpr,
                                 INTERPRET: tl.constexpr,
                                 PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
                                 BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -158,16 +163,17 @@ def _partials_persistent_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr
         acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v,
                                     zero, INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
         _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
-                       T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
-                       BLOCK_T, BLOCK_V)
+                       z_ptr, T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
+                       LOGITS, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
 def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
-                         zt_ptr,
+                         zt_ptr, z_ptr,
                          T, V, H, scale, softcap, zero,
                          HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                         ZSUM: tl.constexpr, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
+                         ZSUM: tl.constexpr, LOGITS: tl.constexpr, INTERPRET: tl.constexpr,
+                         PROMOTE: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_T: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
     # TMA zero-fills reads past T, V and H: zeros add nothing to a valid row's sums.
@@ -184,8 +190,8 @@ def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, par
             acc, part = _dot_block(a, tl.trans(b), acc, part, fresh,
                                    _flush_at(k0, H, BLOCK_K, PROMOTE), INTERPRET, PROMOTE)
         _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
-                       T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
-                       BLOCK_T, BLOCK_V)
+                       z_ptr, T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
+                       LOGITS, BLOCK_T, BLOCK_V)
 
 
 @triton.jit

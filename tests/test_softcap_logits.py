@@ -1,0 +1,63 @@
+"""The sampler's head (softcap_logits): logits[t, y] - lse[t] is bitwise softcap_logprob's
+log-probability of y, for the rows alone and inside a trainer's batch; T above 256 is refused."""
+
+import pytest
+import torch
+from helpers import head_inputs
+
+from opcontract import ContractViolation, dispatch
+from opcontract.outputs import SamplerHeadOutput
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton: interpreter on the CPU
+
+
+def _inputs(T, dtype, V=300, H=40, seed=0):
+    return [x.to(DEVICE) for x in head_inputs(T=T, H=H, V=V, dtype=dtype, seed=seed, ignore=())]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "params", [{"multiplier": 0.19611613513818404, "softcap": 20.0}, {"multiplier": 0.7}]
+)
+def test_sampled_logprob_is_the_trainers_bitwise(backend, dtype, params):
+    h, w, t = _inputs(70, dtype)
+    train = dispatch.op("softcap_logprob", backend=backend)(h, w, t, **params)  # the trainer
+    head = dispatch.op("softcap_logits", backend=backend)
+    for rows in (slice(0, 1), slice(3, 12), slice(0, 70)):  # decode batches of 1, 9 and 70
+        out = head(h[rows], w, **params)
+        assert isinstance(out, SamplerHeadOutput)
+        assert out.logits.shape == (h[rows].shape[0], w.shape[0]) and out.lse.dtype == torch.float32
+        stored = out.logits.gather(1, t[rows, None])[:, 0] - out.lse  # what a rollout keeps
+        assert torch.equal(stored, train[rows])
+        # every token's log-prob, not only the target's: the logits are softcap_logprob's z
+        y = torch.roll(t[rows], 1)
+        lp = dispatch.op("softcap_logprob", backend=backend)(h[rows], w, y, **params)
+        assert torch.equal(out.logits.gather(1, y[:, None])[:, 0] - out.lse, lp)
+
+
+def test_full_decode_range_and_leading_dims():
+    h, w, t = _inputs(256, torch.float32, V=130, H=16)
+    out = dispatch.op("softcap_logits")(h, w, softcap=20.0)
+    lp = dispatch.op("softcap_logprob")(h, w, t, softcap=20.0)
+    assert torch.equal(out.logits.gather(1, t[:, None])[:, 0] - out.lse, lp)
+    lead = dispatch.op("softcap_logits")(h.reshape(2, 128, 16), w, softcap=20.0)
+    assert torch.equal(lead.logits.reshape(256, 130), out.logits)
+    assert torch.equal(lead.lse.reshape(256), out.lse)
+
+
+@pytest.mark.parametrize("shape", [(257, 16), (2, 129, 16)])
+def test_more_than_256_rows_is_a_contract_violation(shape):
+    h = torch.randn(*shape)
+    w = torch.randn(30, 16)
+    with pytest.raises(ContractViolation, match=r"'hidden'.*constraints.*at most 256 rows"):
+        dispatch.op("softcap_logits")(h, w)
+    with pytest.raises(ContractViolation, match=r"'hidden'.*at most 256 rows"):
+        dispatch.explain("softcap_logits", h, w)
+
+
+def test_explain_names_the_head_and_has_no_backward_plan():
+    h, w, _ = _inputs(4, torch.bfloat16)
+    r = dispatch.explain("softcap_logits", h, w, softcap=20.0, backend="triton")
+    assert r.implementation == "triton.logits" and r.plan is None
+    assert "backward plan" not in str(r)
