@@ -1,0 +1,600 @@
+"""Muse Glimmer in Hugging Face transformers, routed through opcontract's ops.
+
+>>> from opcontract.integrations.transformers import apply_opcontract
+>>> model = apply_opcontract(MuseGlimmerForConditionalGeneration(config))
+>>> out = model.generate(ids, attention_mask=mask, max_new_tokens=8)   # an OpcontractKVCache
+
+An instance patch of ``MuseGlimmerForConditionalGeneration``'s text path (the vision tower,
+adapter and projection are left as they are): the normalised embedding, every RMSNorm, the
+q/k/v/gate/o and MLP projections (``dense_gemm``), ``qk_norm_rope``, ``gated_attention``,
+``swiglu`` and the soft-capped LM head. Parameters, buffers and state-dict keys are unchanged;
+only module ``forward`` methods (instance attributes) and the text config's attention
+implementation name change.
+
+What a token's bits depend on is fixed in one place each:
+
+- Positions come from the attention mask and nothing else: a token's position is the number
+  of real tokens before it in its row (``cumsum(mask) - 1``), in a training forward and in
+  every generation step alike. Explicit ``position_ids`` must agree with that (or raise).
+- Attention goes through transformers' interfaces under the name ``"opcontract"``: a mask
+  function (``AttentionMaskInterface``) that hands the 2-D padding mask through unchanged,
+  and an attention function (``AttentionInterface``) that takes the gate as a keyword and
+  returns the gated output. Without a cache it calls ``opcontract.attention.padded``; with an
+  :class:`OpcontractKVCache` it appends the real tokens to one ``PagedKVCache`` per layer and
+  attends there. ``generate()`` gets an ``OpcontractKVCache`` unless given another cache;
+  any other ``Cache`` is refused.
+- The head returns ``softcap_logits``'s float32 logits (never rounded to the model dtype);
+  ``labels`` give the mean next-token loss through ``softcap_logprob``.
+  :func:`token_logprobs` is the trainer's per-token log-probability of given tokens.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.muse_glimmer import modeling_muse_glimmer as mg
+
+from opcontract import attention as _attention
+from opcontract import dispatch
+
+ATTN_IMPLEMENTATION = "opcontract"
+SAMPLER_ROWS = 256  # softcap_logits serves at most this many rows a call
+_FLAG = "_opcontract_patched"
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "OpcontractKVCache",
+    "OpcontractPatchError",
+    "apply_opcontract",
+    "is_patched",
+    "positions_from_mask",
+    "token_logprobs",
+]
+
+
+class OpcontractPatchError(TypeError):
+    """The model is not one this patch has validated; nothing was changed."""
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """[B, L] mask (nonzero = real) -> [B, L] int64 positions: the count of real tokens before
+    each real token in its row; -1 at padding."""
+    m = mask.to(torch.bool)
+    return torch.where(m, torch.cumsum(m.to(torch.int64), dim=1) - 1, -1)
+
+
+def is_patched(model: nn.Module) -> bool:
+    """Whether :func:`apply_opcontract` has patched ``model``."""
+    return bool(getattr(model, _FLAG, False))
+
+
+# -- the KV cache generate() uses ---------------------------------------------------------
+
+
+class OpcontractKVCache(Cache):
+    """A transformers ``Cache`` holding one :class:`opcontract.attention.PagedKVCache` per
+    decoder layer, one sequence per batch row.
+
+    Only real tokens (mask 1) are stored, at their mask-derived positions, as post-norm,
+    post-RoPE keys and values written by the same ``qk_norm_rope`` op training uses; padding
+    never enters a page. ``get_seq_length`` counts columns (real and padding), which is what
+    ``generate()`` slices its inputs by. ``update`` (the stock attention's path) refuses:
+    only the patched attention writes here. Beam reordering and cropping are not supported.
+    """
+
+    def __init__(self, config: Any, *, backend: str | None = None) -> None:
+        super().__init__(layers=[])
+        text = config.get_text_config(decoder=True)
+        self.kinds = ["local" if t == "sliding_attention" else "global" for t in text.layer_types]
+        self.window = text.sliding_window
+        self.backend = backend
+        self.paged: list[_attention.PagedKVCache | None] = [None] * len(self.kinds)
+        self.columns = [0] * len(self.kinds)
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __repr__(self) -> str:
+        return f"OpcontractKVCache(layers={len(self.kinds)}, columns={self.columns[:1]})"
+
+    # -- what generate() and the mask utilities read
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.columns[layer_idx] if layer_idx < len(self.columns) else 0
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.get_seq_length(layer_idx) + query_length, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [k == "local" for k in self.kinds]
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False] * len(self.kinds)
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False] * len(self.kinds)
+
+    def update(self, *args: Any, **kwargs: Any):
+        raise OpcontractPatchError(
+            "OpcontractKVCache is written only by opcontract's patched attention; a stock "
+            "attention forward reached it (is the model patched with apply_opcontract?)"
+        )
+
+    def reset(self) -> None:
+        self.paged = [None] * len(self.kinds)
+        self.columns = [0] * len(self.kinds)
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        raise NotImplementedError("OpcontractKVCache: beam search is not supported")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("OpcontractKVCache: cropping is not supported")
+
+    # -- the attention's path
+    def step(self, layer_idx: int, q, k, v, gate, mask: torch.Tensor, *, scale: float):
+        """Append this call's real tokens of one layer and attend over the layer's cache.
+
+        q, gate [B, Lq, Hq, D], k, v [B, Lq, Hkv, D]; mask [B, columns + Lq], the whole
+        padding mask so far. Returns [B, Lq, Hq, D], zeros at padding."""
+        B, Lq = q.shape[:2]
+        seen = self.columns[layer_idx]
+        if mask.shape != (B, seen + Lq):
+            raise ValueError(
+                f"OpcontractKVCache layer {layer_idx}: the attention mask is "
+                f"{tuple(mask.shape)}, expected [{B}, {seen} cached + {Lq} new columns]"
+            )
+        pos = positions_from_mask(mask)[:, seen:]
+        paged = self.paged[layer_idx]
+        if paged is None:
+            kind = self.kinds[layer_idx]
+            paged = _attention.PagedKVCache(
+                layer=kind, kv_heads=k.shape[2], head_dim=k.shape[3], dtype=k.dtype,
+                device=k.device, sequences=B, window=self.window if kind == "local" else None,
+                scale=scale, backend=self.backend,
+            )  # fmt: skip
+            self.paged[layer_idx] = paged
+        elif paged.lengths.shape[0] != B:
+            raise ValueError(
+                f"OpcontractKVCache holds {paged.lengths.shape[0]} sequences, got a batch of {B}"
+            )
+        rows, cols = (pos >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
+        out = q.new_zeros(q.shape)
+        if rows.numel():
+            dev = q.device
+            r, c = rows.to(dev), cols.to(dev)
+            out[r, c] = paged.step(rows.cpu(), pos[rows, cols].cpu(), q[r, c], k[r, c],
+                                   v[r, c], gate[r, c])  # fmt: skip
+        self.columns[layer_idx] = seen + Lq
+        return out
+
+
+# -- transformers' attention and mask interfaces -----------------------------------------
+
+
+def _padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Callable | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """The mask function registered as "opcontract": the 2-D padding mask, unchanged
+    (causality, the window and positions are the op's, derived from it)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch_size, kv_length):
+        raise ValueError(
+            f"opcontract attention takes a 2-D padding mask [{batch_size}, {kv_length}], "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    return attention_mask.to(torch.bool)
+
+
+def _gated_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    gate: torch.Tensor | None = None,
+    past_key_values: Cache | None = None,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    dropout: float = 0.0,
+    backend: str | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The attention function registered as "opcontract": gated_attention over query
+    [B, Hq, Lq, D], key/value [B, Hkv, Lq, D] (this call's tokens; the cache holds the rest)
+    and gate [B, Lq, Hq, D]. Returns the gated output [B, Lq, Hq, D] and no weights."""
+    if gate is None:
+        raise ValueError("opcontract attention needs the gate (call it from the patched model)")
+    if dropout:
+        raise ValueError("opcontract attention has no dropout; set attention_dropout to 0")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    B, Lq = q.shape[:2]
+    kind = "local" if sliding_window else "global"
+    if isinstance(past_key_values, OpcontractKVCache):
+        seen = past_key_values.get_seq_length(module.layer_idx)
+        mask = attention_mask
+        if mask is None:
+            mask = torch.ones(B, seen + Lq, dtype=torch.bool, device=q.device)
+        out = past_key_values.step(module.layer_idx, q, k, v, gate, mask, scale=scaling)
+        return out, None
+    if past_key_values is not None:
+        raise OpcontractPatchError(
+            f"opcontract attention keeps its KV cache in an OpcontractKVCache, got "
+            f"{type(past_key_values).__name__}"
+        )
+    mask = attention_mask
+    if mask is None:
+        mask = torch.ones(B, Lq, dtype=torch.bool, device=q.device)
+    out = _attention.padded(q, k, v, gate, mask, layer=kind, window=sliding_window,
+                            scale=scaling, backend=backend)  # fmt: skip
+    return out, None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, _gated_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _padding_mask)
+
+
+# -- patched forwards (bound to module instances) -----------------------------------------
+
+
+def _rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Apply a [T, H] -> [T, N] op over any leading dimensions."""
+    y = fn(x.reshape(-1, x.shape[-1]))
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _patch_linear(lin: nn.Linear, backend: str | None) -> None:
+    gemm = dispatch.op("dense_gemm", backend=backend)
+
+    def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return _rows(lambda r: gemm(r, self.weight, self.bias), x)
+
+    lin.forward = types.MethodType(forward, lin)
+
+
+def _patch_norm(norm: nn.Module, variant: str, backend: str | None) -> None:
+    op = dispatch.op("rms_norm", backend=backend)
+
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        w = None if variant == "weightless" else self.weight
+        return _rows(lambda r: op(r, w, variant=variant, eps=self.eps), x)
+
+    norm.forward = types.MethodType(forward, norm)
+
+
+def _patch_embedding(emb: nn.Embedding, backend: str | None) -> None:
+    op = dispatch.op("normalized_embedding", backend=backend)
+
+    def forward(self: nn.Embedding, input_ids: torch.Tensor) -> torch.Tensor:
+        y = op(input_ids.reshape(-1), self.weight, eps=self.embed_norm.eps)
+        return y.reshape(*input_ids.shape, y.shape[-1])
+
+    emb.forward = types.MethodType(forward, emb)
+
+
+def _patch_mlp(mlp: nn.Module, backend: str | None) -> None:
+    op = dispatch.op("swiglu", backend=backend)
+
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate_proj(x), self.up_proj(x)
+        y = op(g.reshape(-1, g.shape[-1]), u.reshape(-1, u.shape[-1])).reshape(g.shape)
+        return self.down_proj(y)
+
+    mlp.forward = types.MethodType(forward, mlp)
+
+
+def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backend: str | None):
+    qk_op = dispatch.op("qk_norm_rope", backend=backend)
+
+    def forward(
+        self: nn.Module,
+        hidden_states: torch.Tensor,
+        position_embeddings: Any = None,  # the stock rotary's cos/sin: unused (qk_norm_rope)
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        B, L, _ = hidden_states.shape
+        D = self.head_dim
+        q = self.q_proj(hidden_states).view(B, L, -1, D)
+        k = self.k_proj(hidden_states).view(B, L, -1, D)
+        v = self.v_proj(hidden_states).view(B, L, -1, D)
+        gate = self.gate_proj(hidden_states).view(B, L, -1, D)
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(
+                "opcontract attention derives positions from a 2-D padding mask; got a "
+                f"{attention_mask.dim()}-D mask"
+            )
+        mask = attention_mask
+        if mask is None:
+            seen = past_key_values.get_seq_length(self.layer_idx) if past_key_values else 0
+            mask = torch.ones(B, seen + L, dtype=torch.bool, device=q.device)
+        pos = positions_from_mask(mask)[:, -L:].clamp(min=0)  # padding's rows are never read
+        qk = qk_op(q.reshape(B * L, -1, D), k.reshape(B * L, -1, D), pos.reshape(-1),
+                   layer=kind, rope_theta=rope_theta, qk_scale=self.qk_scale_factor,
+                   eps=self.qk_norm.eps)  # fmt: skip
+        impl = self.config._attn_implementation
+        if impl != ATTN_IMPLEMENTATION:
+            raise OpcontractPatchError(
+                f"the patched attention runs under attn_implementation={ATTN_IMPLEMENTATION!r}, "
+                f"the config says {impl!r}"
+            )
+        fn = ALL_ATTENTION_FUNCTIONS[impl]
+        out, _ = fn(
+            self,
+            qk.q_out.view(B, L, -1, D).transpose(1, 2),
+            qk.k_out.view(B, L, -1, D).transpose(1, 2),
+            v.transpose(1, 2),
+            attention_mask,
+            gate=gate,
+            past_key_values=past_key_values,
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            dropout=self.attention_dropout if self.training else 0.0,
+            backend=backend,
+        )
+        return self.o_proj(out.reshape(B, L, -1)), None
+
+    attn.forward = types.MethodType(forward, attn)
+
+
+def _head(model: nn.Module, hidden: torch.Tensor, backend: str | None) -> torch.Tensor:
+    """softcap_logits over [..., H] rows, SAMPLER_ROWS at a time (batch-invariant: the
+    chunking changes no bit). float32 [..., V]."""
+    text = model.config.text_config
+    op = dispatch.op("softcap_logits", backend=backend)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    parts = [
+        op(flat[i : i + SAMPLER_ROWS], model.lm_head.weight,
+           multiplier=text.output_multiplier, softcap=text.final_logit_softcapping).logits
+        for i in range(0, flat.shape[0], SAMPLER_ROWS)
+    ]  # fmt: skip
+    logits = torch.cat(parts) if parts else flat.new_zeros(0, model.lm_head.out_features)
+    return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
+
+
+def _check_position_ids(position_ids: torch.Tensor | None, mask: torch.Tensor | None, L: int):
+    """Explicit position ids must be the mask's (on real tokens): positions have one source."""
+    if position_ids is None or mask is None:
+        return
+    want = positions_from_mask(mask)[:, -L:]
+    got = position_ids.expand_as(want)
+    real = want >= 0
+    if not torch.equal(got[real], want[real]):
+        raise ValueError(
+            "opcontract derives positions from the attention mask (cumsum(mask) - 1); the "
+            "position_ids given disagree on real tokens (packed sequences are not supported)"
+        )
+
+
+def _patch_top(model: nn.Module, backend: str | None) -> None:
+    lp_op = dispatch.op("softcap_logprob", backend=backend)
+
+    def forward(
+        self: nn.Module,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> mg.MuseGlimmerCausalLMOutputWithPast:
+        ref = input_ids if input_ids is not None else inputs_embeds
+        _check_position_ids(position_ids, attention_mask, ref.shape[1])
+        if past_key_values is None and use_cache:  # a plain forward builds no cache
+            past_key_values = OpcontractKVCache(self.config, backend=backend)
+        if past_key_values is not None and not isinstance(past_key_values, OpcontractKVCache):
+            raise OpcontractPatchError(
+                f"a model patched by opcontract needs an OpcontractKVCache, got "
+                f"{type(past_key_values).__name__}"
+            )
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=past_key_values is not None,
+            **kwargs,
+        )
+        hidden = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = _head(self, hidden[:, keep, :], backend)
+        loss = None
+        if labels is not None:
+            text = self.config.text_config
+            h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
+            tgt = labels[:, 1:].reshape(-1).to(hidden.device)
+            lp = lp_op(h, self.lm_head.weight, tgt, multiplier=text.output_multiplier,
+                       softcap=text.final_logit_softcapping)  # fmt: skip
+            loss = -lp.sum() / (tgt != -100).sum().clamp(min=1)
+        return mg.MuseGlimmerCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    model.forward = types.MethodType(forward, model)
+
+    prepare = model._prepare_cache_for_generation
+
+    def prepare_cache(generation_config: Any, model_kwargs: dict, *args: Any, **kw: Any):
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache:
+            if generation_config.cache_implementation is not None:
+                raise OpcontractPatchError(
+                    f"cache_implementation={generation_config.cache_implementation!r}: a model "
+                    "patched by opcontract generates with its own OpcontractKVCache"
+                )
+            model_kwargs["past_key_values"] = OpcontractKVCache(model.config, backend=backend)
+        return prepare(generation_config, model_kwargs, *args, **kw)
+
+    model._prepare_cache_for_generation = prepare_cache
+
+
+# -- validation (before anything changes) and the entry point -----------------------------
+
+
+def _need(owner: nn.Module, name: str, cls: type | tuple[type, ...], where: str) -> nn.Module:
+    mod = getattr(owner, name, None)
+    if mod is None:
+        raise OpcontractPatchError(f"{where}.{name}: expected a module, found none")
+    if not isinstance(mod, cls):
+        want = cls.__name__ if isinstance(cls, type) else " or ".join(c.__name__ for c in cls)
+        raise OpcontractPatchError(f"{where}.{name}: expected {want}, found {type(mod).__name__}")
+    return mod
+
+
+def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
+    """Every patch to apply, after checking everything they rely on; raises before any."""
+    if type(model) is not mg.MuseGlimmerForConditionalGeneration:
+        raise OpcontractPatchError(
+            f"apply_opcontract patches MuseGlimmerForConditionalGeneration, got "
+            f"{type(model).__name__} (model_type {getattr(model.config, 'model_type', None)!r})"
+        )
+    if model.config.model_type != "muse_glimmer":
+        raise OpcontractPatchError(f"model_type {model.config.model_type!r} is not muse_glimmer")
+    text = model.config.text_config
+    base = _need(model, "model", mg.MuseGlimmerModel, "model")
+    lm = _need(base, "language_model", mg.MuseGlimmerTextModel, "model.model")
+    if lm.config is not text:
+        raise OpcontractPatchError("model.model.language_model.config is not config.text_config")
+    head = _need(model, "lm_head", nn.Linear, "model")
+    if head.bias is not None:
+        raise OpcontractPatchError("model.lm_head has a bias; softcap_logprob's head has none")
+    if text.hidden_activation != "silu":
+        raise OpcontractPatchError(f"hidden_activation {text.hidden_activation!r} is not silu")
+    if text.rope_parameters.get("rope_type", "default") != "default":
+        raise OpcontractPatchError(f"rope_type {text.rope_parameters['rope_type']!r} unsupported")
+    if text.final_logit_softcapping is None or text.final_logit_softcapping <= 0:
+        raise OpcontractPatchError("final_logit_softcapping must be a positive number")
+    where = "model.model.language_model"
+    emb = _need(lm, "embed_tokens", mg.MuseGlimmerTextNormedEmbedding, where)
+    _need(emb, "embed_norm", mg.MuseGlimmerRMSNorm, f"{where}.embed_tokens")
+    if emb.embed_norm.with_scale:
+        raise OpcontractPatchError(f"{where}.embed_tokens.embed_norm has a weight")
+    final = _need(lm, "norm", mg.MuseGlimmerRMSNorm, where)
+    if not final.with_scale:
+        raise OpcontractPatchError(f"{where}.norm is weightless; Muse Glimmer's has a weight")
+    layers = _need(lm, "layers", nn.ModuleList, where)
+    if len(layers) != text.num_hidden_layers or len(text.layer_types) != len(layers):
+        raise OpcontractPatchError(
+            f"{where}.layers: {len(layers)} layers, config says {text.num_hidden_layers}"
+        )
+    steps: list[Callable[[str | None], None]] = [
+        lambda b: _patch_embedding(emb, b),
+        lambda b: _patch_norm(emb.embed_norm, "weightless", b),
+        lambda b: _patch_norm(final, "plain", b),
+        lambda b: _patch_linear(head, b),
+        lambda b: _patch_top(model, b),
+    ]
+    centred = mg.MuseGlimmerTextCenteredRMSNorm
+    for i, layer in enumerate(layers):
+        w = f"{where}.layers.{i}"
+        if not isinstance(layer, mg.MuseGlimmerTextDecoderLayer):
+            raise OpcontractPatchError(f"{w}: expected MuseGlimmerTextDecoderLayer")
+        sa = _need(layer, "self_attn", mg.MuseGlimmerTextAttention, w)
+        mlp = _need(layer, "mlp", mg.MuseGlimmerTextMLP, w)
+        lins = [_need(sa, n, nn.Linear, f"{w}.self_attn") for n in ("q_proj", "k_proj", "v_proj",
+                                                                   "gate_proj", "o_proj")]  # fmt: skip
+        lins += [_need(mlp, n, nn.Linear, f"{w}.mlp") for n in ("gate_proj", "up_proj", "down_proj")]
+        norms = [
+            _need(layer, n, centred, w)
+            for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                      "post_feedforward_layernorm")
+        ]  # fmt: skip
+        qk_norm = _need(sa, "qk_norm", mg.MuseGlimmerRMSNorm, f"{w}.self_attn")
+        if qk_norm.with_scale:
+            raise OpcontractPatchError(f"{w}.self_attn.qk_norm has a weight; qk_norm_rope's has none")
+        local = text.layer_types[i] == "sliding_attention"
+        if text.layer_types[i] not in ("sliding_attention", "full_attention"):
+            raise OpcontractPatchError(f"{w}: layer type {text.layer_types[i]!r} unsupported")
+        if local != bool(text.layer_rope_theta[i]):
+            raise OpcontractPatchError(
+                f"{w}: qk_norm_rope ties RoPE to the local (sliding) layers, but this layer is "
+                f"{text.layer_types[i]} with layer_rope_theta {text.layer_rope_theta[i]}"
+            )
+        if local and sa.sliding_window != text.sliding_window:
+            raise OpcontractPatchError(f"{w}.self_attn.sliding_window disagrees with the config")
+        kind = "local" if local else "global"
+        theta = float(text.rope_parameters["rope_theta"]) if local else None
+        steps += [lambda b, m=m: _patch_linear(m, b) for m in lins]
+        steps += [lambda b, m=m: _patch_norm(m, "centred", b) for m in norms]
+        steps += [
+            lambda b, m=qk_norm: _patch_norm(m, "weightless", b),
+            lambda b, m=mlp: _patch_mlp(m, b),
+            lambda b, m=sa, k=kind, t=theta: _patch_attention(m, k, t, b),
+        ]
+    return steps
+
+
+def apply_opcontract(model: nn.Module, *, backend: str | None = None) -> nn.Module:
+    """Patch ``model`` (a ``MuseGlimmerForConditionalGeneration``) in place and return it.
+
+    ``backend`` forces one backend for every op (``"torch"``: the portable strict path);
+    None lets dispatch choose per op. Idempotent: a patched model is returned as it is.
+    Raises :class:`OpcontractPatchError` (and changes nothing) on a model it does not know.
+    The vision tower, adapter and projection are not patched.
+    """
+    if is_patched(model):
+        return model
+    steps = _plan(model)
+    for step in steps:
+        step(backend)
+    model.config.text_config._attn_implementation = ATTN_IMPLEMENTATION
+    object.__setattr__(model, _FLAG, True)
+    return model
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The training forward's log-probability of each next token: [B, L - 1] float32,
+    entry t the log-prob of input_ids[:, t + 1] given the tokens up to t (softcap_logprob,
+    the head the trainer takes). Padding targets give 0."""
+    text = model.config.text_config
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
+                         use_cache=False).last_hidden_state  # fmt: skip
+    tgt = input_ids[:, 1:]
+    if attention_mask is not None:
+        tgt = tgt.masked_fill(attention_mask[:, 1:] == 0, -100)
+    lp = dispatch.op("softcap_logprob", backend=backend)(
+        hidden[:, :-1, :].reshape(-1, hidden.shape[-1]), model.lm_head.weight,
+        tgt.reshape(-1), multiplier=text.output_multiplier, softcap=text.final_logit_softcapping,
+    )  # fmt: skip
+    return lp.reshape(tgt.shape)
