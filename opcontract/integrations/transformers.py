@@ -526,9 +526,10 @@ def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
             raise OpcontractPatchError(f"{w}: expected MuseGlimmerTextDecoderLayer")
         sa = _need(layer, "self_attn", mg.MuseGlimmerTextAttention, w)
         mlp = _need(layer, "mlp", mg.MuseGlimmerTextMLP, w)
-        lins = [_need(sa, n, nn.Linear, f"{w}.self_attn") for n in ("q_proj", "k_proj", "v_proj",
-                                                                   "gate_proj", "o_proj")]  # fmt: skip
-        lins += [_need(mlp, n, nn.Linear, f"{w}.mlp") for n in ("gate_proj", "up_proj", "down_proj")]
+        attn_lins = ("q_proj", "k_proj", "v_proj", "gate_proj", "o_proj")
+        lins = [_need(sa, n, nn.Linear, f"{w}.self_attn") for n in attn_lins]
+        mlp_lins = ("gate_proj", "up_proj", "down_proj")
+        lins += [_need(mlp, n, nn.Linear, f"{w}.mlp") for n in mlp_lins]
         norms = [
             _need(layer, n, centred, w)
             for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -536,7 +537,7 @@ def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
         ]  # fmt: skip
         qk_norm = _need(sa, "qk_norm", mg.MuseGlimmerRMSNorm, f"{w}.self_attn")
         if qk_norm.with_scale:
-            raise OpcontractPatchError(f"{w}.self_attn.qk_norm has a weight; qk_norm_rope's has none")
+            raise OpcontractPatchError(f"{w}.self_attn.qk_norm has a weight; qk_norm_rope has none")
         local = text.layer_types[i] == "sliding_attention"
         if text.layer_types[i] not in ("sliding_attention", "full_attention"):
             raise OpcontractPatchError(f"{w}: layer type {text.layer_types[i]!r} unsupported")
