@@ -366,6 +366,29 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
     attn.forward = types.MethodType(forward, attn)
 
 
+def _patch_decoder_layer(layer: nn.Module, backend: str | None) -> None:
+    """The sandwich order of the stock layer; the residual add after attention and the
+    pre-feed-forward norm become one fused_add_rms_norm (same sum: float32, rounded once)."""
+    add_norm = dispatch.op("fused_add_rms_norm", backend=backend)
+
+    def forward(self: nn.Module, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if getattr(self, "gradient_checkpointing", False) and self.training:
+            raise NotImplementedError(
+                "gradient checkpointing: the patched decoder layer does not checkpoint yet"
+            )
+        shape = hidden_states.shape
+        a, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        a = self.post_attention_layernorm(a)
+        ff = self.pre_feedforward_layernorm
+        fused = add_norm(a.reshape(-1, shape[-1]), hidden_states.reshape(-1, shape[-1]),
+                         ff.weight, variant="centred", eps=ff.eps)  # fmt: skip
+        residual = fused.residual_out.reshape(shape)
+        m = self.post_feedforward_layernorm(self.mlp(fused.y.reshape(shape)))
+        return residual + m
+
+    layer.forward = types.MethodType(forward, layer)
+
+
 def _head(model: nn.Module, hidden: torch.Tensor, backend: str | None) -> torch.Tensor:
     """softcap_logits over [..., H] rows, SAMPLER_ROWS at a time (batch-invariant: the
     chunking changes no bit). float32 [..., V]."""
@@ -556,6 +579,7 @@ def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
             lambda b, m=qk_norm: _patch_norm(m, "weightless", b),
             lambda b, m=mlp: _patch_mlp(m, b),
             lambda b, m=sa, k=kind, t=theta: _patch_attention(m, k, t, b),
+            lambda b, m=layer: _patch_decoder_layer(m, b),
         ]
     return steps
 
