@@ -213,3 +213,24 @@ def test_fail_closed_at_call_time():
         model(ids, attention_mask=mask, position_ids=torch.arange(ids.shape[1])[None])
     with pytest.raises(OpcontractPatchError, match="cache_implementation"):
         model.generate(ids, attention_mask=mask, max_new_tokens=1, cache_implementation="static")
+
+
+def test_train_equals_rollout_across_a_key_block_and_eviction():
+    """A row that crosses the 128-position key block (and page) boundary while generating; the
+    local layers' cache frees its first page (window 4) and the bits stay the training's."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, VOCAB, (2, 125), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :122] = 0  # the second prompt has 3 tokens
+    ids[mask == 0] = 0
+    model = apply_opcontract(tiny(), backend="torch")
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=8, do_sample=False, output_logits=True,
+        return_dict_in_generate=True, pad_token_id=0,
+    )  # fmt: skip
+    local = out.past_key_values.paged[0]
+    assert local.layer == "local" and local.pages_evicted >= 1
+    full = torch.cat([mask, torch.ones(2, 8, dtype=mask.dtype)], dim=1)
+    with torch.no_grad():
+        train = model(out.sequences, attention_mask=full).logits[:, 124:-1]
+    assert torch.equal(torch.stack(out.logits, dim=1), train)
