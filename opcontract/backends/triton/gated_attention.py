@@ -93,7 +93,9 @@ class ForwardPlan:
     meta: dict
     c: float
     window: int
-    workspace: tuple[torch.Tensor, ...] = ()
+    go: torch.Tensor | None = None  # ones: every program of the fast pass runs
+    redo: torch.Tensor | None = None  # the fast pass's flags: the SAFE pass's programs
+    partials: tuple[torch.Tensor, ...] = ()  # split: (m, l, o) of every chunk
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale) -> ForwardPlan:
@@ -120,12 +122,12 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
                        ref.score_factor(D, scale), int(window or 0))  # fmt: skip
     programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
     ones = torch.ones(programs, dtype=torch.int32, device=q.device)
-    plan.workspace = (ones, torch.zeros_like(ones))  # go for the fast pass; redo flags
+    plan.go, plan.redo = ones, torch.zeros_like(ones)
     if plan.split:
         slots = programs * block_m
         part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
-        plan.workspace += (part_m, torch.empty_like(part_m), part_o)
+        plan.partials = (part_m, torch.empty_like(part_m), part_o)
     return plan
 
 
@@ -138,24 +140,24 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     N, Hkv, _ = k.shape
     G, NB, n = Hq // Hkv, block_rows.shape[1], plan.table.shape[0]
     ieee = q.dtype == torch.float32
-    ones, redo = plan.workspace[:2]
+    redo = plan.redo
     redo.zero_()
     # the fast pass, then the SAFE pass over the programs it flagged (a non-finite
     # accumulator: a NaN or infinity in q, k or a value of a visited block); a flagged
     # program with finite values computes the same bits again
-    for go, safe in ((ones, False), (redo, True)):
+    for go, safe in ((plan.go, False), (redo, True)):
         if not plan.split:
             launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows,
                    key_len, plan.table, out, attn, lse, go, redo, T, N, Hq, Hkv, G, D, NB,
                    plan.window, plan.c, IEEE=ieee, SAFE=safe, **plan.meta)  # fmt: skip
             continue
-        part_m, part_l, part_o = plan.workspace[2:]
+        part_m, part_l, part_o = plan.partials
         launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
                key_len, plan.table, part_m, part_l, part_o, go, redo, T, N, Hq, Hkv, G, D, NB,
                plan.n_chunks, plan.window, plan.c, IEEE=ieee, SAFE=safe,
                **plan.meta)  # fmt: skip
     if plan.split:
-        part_m, part_l, part_o = plan.workspace[2:]
+        part_m, part_l, part_o = plan.partials
         launch(kk._attn_merge_kernel, (n, Hkv), gate, positions, key_len, plan.table, part_m,
                part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks, plan.window,
                **plan.meta)  # fmt: skip

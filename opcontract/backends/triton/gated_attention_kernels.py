@@ -331,28 +331,18 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, da_ptr, delta_ptr, lse_ptr, positio
     """dq of a tile of GQA rows (the forward's tiles): its key blocks in ascending order,
     P recomputed from lse, dS rounded to the input dtype, dq = scale * sum_j dS k."""
     kvh = tl.program_id(1)
-    token, g, pos, live, s = _tile_rows(tile_ptr, positions_ptr, G, T, BLOCK_M)
-    head = kvh * G + g
-    d = tl.arange(0, BLOCK_D)
-    dmask = d[None, :] < D
-    q_off = (token.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
+    token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
+        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
+    q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
     lmask = live[:, None] & dmask
-    q = tl.load(q_ptr + q_off, mask=lmask, other=0.0)
     da = tl.load(da_ptr + q_off, mask=lmask, other=0.0)
     r_off = token.to(tl.int64) * Hq + head
     delta = tl.load(delta_ptr + r_off, mask=live, other=0.0)
     lse = tl.load(lse_ptr + r_off, mask=live, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse)
-    klen = tl.load(key_len_ptr + s).to(tl.int32)
-    hi = tl.max(tl.where(live, pos, -1), axis=0)
-    if LOCAL:
-        lo = tl.min(tl.where(live & (pos >= 0), tl.maximum(pos - window + 1, 0), hi + 1), axis=0)
-    else:
-        lo = 0
-    b_lo = lo // BLOCK
-    b_hi = tl.where(hi >= 0, hi // BLOCK, b_lo - 1)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     j = tl.arange(0, BLOCK)
+    d = tl.arange(0, BLOCK_D)
     for b in range(b_lo, b_hi + 1):
         rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
         jpos = b * BLOCK + j
