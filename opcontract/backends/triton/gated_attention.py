@@ -45,18 +45,22 @@ CONFIG_SPACE = {
 
 def default_config(call=None) -> dict:
     """Fused unless the tiles alone leave most of the GPU idle (split -1: decided by
-    occupancy); tiles of 128 query rows for calls of 1024 tokens or more, 64 below (decode
-    fills 16 rows a token: fewer wasted), 8 warps, unpipelined: the two accumulators a
-    chunked tile carries leave no registers to spare, and Triton 3.6 asks 256 KB of shared
-    memory at 128 rows with two stages. 128 rows ran the training forward 1.1-1.7x faster
-    than 64 on the H200 (attention_fastpass_h200.json). The contract fixes no tile: no
-    choice here changes a bit (attention_configs_h200.json)."""
+    occupancy); tiles of 128 query rows, two stages, for calls of 1024 tokens or more, 64
+    rows unpipelined below (decode fills 16 rows a token: fewer wasted); 8 warps. On the
+    H200 128 rows ran the training forward 1.1-1.7x faster than 64, and two stages beat one
+    at 4 of the 6 training shapes measured (attention_fastpass_h200.json,
+    attention_forward_explore_h200.json). The contract fixes no tile: no choice here
+    changes a bit (attention_configs_h200.json)."""
     T = (getattr(call, "sizes", None) or {}).get("T")
-    return {"split": -1, "block_m": _block_m(T), "num_warps": 8, "num_stages": 1}
+    return {"split": -1, "block_m": _block_m(T), "num_warps": 8, "num_stages": _stages(T)}
 
 
 def _block_m(T: int | None) -> int:
     return 128 if T is not None and T >= 1024 else 64
+
+
+def _stages(T: int | None) -> int:
+    return 2 if T is not None and T >= 1024 else 1
 
 
 def _split_pays(n_programs: int, n_chunks: int, device) -> bool:
@@ -103,6 +107,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     occupancy); no choice changes a bit."""
     cfg = default_config()
     cfg["block_m"] = _block_m(q.shape[0])
+    cfg["num_stages"] = _stages(q.shape[0])
     cfg.update(config or {})
     _, Hq, D = q.shape
     Hkv = k.shape[1]
@@ -144,18 +149,20 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     redo.zero_()
     # the fast pass, then the SAFE pass over the programs it flagged (a non-finite
     # accumulator: a NaN or infinity in q, k or a value of a visited block); a flagged
-    # program with finite values computes the same bits again
+    # program with finite values computes the same bits again. The SAFE pass runs
+    # unpipelined (its masked products need the shared memory a second stage would take).
     for go, safe in ((plan.go, False), (redo, True)):
+        meta = {**plan.meta, "num_stages": 1} if safe else plan.meta
         if not plan.split:
             launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows,
                    key_len, plan.table, out, attn, lse, go, redo, T, N, Hq, Hkv, G, D, NB,
-                   plan.window, plan.c, IEEE=ieee, SAFE=safe, **plan.meta)  # fmt: skip
+                   plan.window, plan.c, IEEE=ieee, SAFE=safe, **meta)  # fmt: skip
             continue
         part_m, part_l, part_o = plan.partials
         launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
                key_len, plan.table, part_m, part_l, part_o, go, redo, T, N, Hq, Hkv, G, D, NB,
                plan.n_chunks, plan.window, plan.c, IEEE=ieee, SAFE=safe,
-               **plan.meta)  # fmt: skip
+               **meta)  # fmt: skip
     if plan.split:
         part_m, part_l, part_o = plan.partials
         launch(kk._attn_merge_kernel, (n, Hkv), gate, positions, key_len, plan.table, part_m,

@@ -95,15 +95,22 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     jpos = b * BLOCK + j
     krow = rowb + j
     kmask = (jpos < klen) & (krow < N) & (krow >= j)  # krow >= j: the block is present
-    kv_off = (krow.to(tl.int64)[:, None] * Hkv + kvh) * D + d[None, :]
+    # the block's rows are consecutive: a 64-bit scalar base and 32-bit offsets within it
+    base = (tl.maximum(rowb, 0).to(tl.int64) * Hkv + kvh) * D
+    kv_off = j[:, None] * (Hkv * D) + d[None, :]
     dmask = d[None, :] < D
-    kt = tl.load(k_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
-    vt = tl.load(v_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+    kt = tl.load(k_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+    vt = tl.load(v_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
     s = _mm_nt(q, kt, INTERPRET, IEEE) * c
     vis = _visible(jpos, pos, klen, window, LOCAL)
     s = tl.where(vis, s, float("-inf"))
     upd = tl.max(vis.to(tl.int32), axis=1) > 0
-    m_new = _max_nan(m, _row_max(s))
+    if SAFE:
+        m_new = _max_nan(m, _row_max(s))
+    else:
+        # tl.max drops a NaN score, but that score's weight is NaN: o turns NaN and flags the
+        # tile for the SAFE pass, which redoes it with the NaN-propagating max
+        m_new = tl.maximum(m, tl.max(s, axis=1))
     m_ref = tl.where((m_new == float("-inf")) & (~upd), 0.0, m_new)
     a = tl.exp2(m - m_ref)
     p = tl.exp2(s - m_ref[:, None])
@@ -170,7 +177,12 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
         m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window,
                                         c, m, lsum, o, D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK,
                                         BLOCK_D)
-        any_c = any_c | upd
+        if SAFE:
+            any_c = any_c | upd
+    if not SAFE:
+        # a row saw a key iff its max is finite: a row whose visible scores are all -inf or
+        # NaN has a NaN accumulator here, which sends the tile to the SAFE pass
+        any_c = m > float("-inf")
     return m, lsum, o, any_c
 
 
@@ -222,14 +234,24 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         run_l = tl.zeros((BLOCK_M,), tl.float32)
-        run_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        for ch in range(b_lo // CHUNK_BLOCKS, b_hi // CHUNK_BLOCKS + 1):
+        st = live[:, None] & dmask
+        ch_lo = b_lo // CHUNK_BLOCKS
+        ch_hi = b_hi // CHUNK_BLOCKS
+        # between chunks the running O waits in the attn output (float32, this program's rows
+        # only; stored and loaded exactly): one accumulator in registers, not two
+        for ch in range(ch_lo, ch_hi + 1):
             first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
             last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
             m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
                                        Hkv, kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE,
                                        SAFE, BLOCK_M, BLOCK, BLOCK_D)
-            run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+            later = tl.full((BLOCK_M, 1), ch, tl.int32) > ch_lo
+            prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
+            run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
+            tl.store(attn_ptr + q_off, prev, mask=st)
+            tl.debug_barrier()
+        any_chunk = tl.full((BLOCK_M, 1), ch_hi, tl.int32) >= ch_lo
+        run_o = tl.load(attn_ptr + q_off, mask=st & any_chunk, other=0.0)
         if not SAFE:
             tl.store(redo_ptr + slot, _nonfinite(run_o))
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head,
