@@ -4,11 +4,13 @@ import dataclasses
 import json
 import multiprocessing
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import head_inputs
 
+import opcontract.contracts
 from opcontract import dispatch
 from opcontract.backends.registry import implementation
 from opcontract.contracts import get_contract
@@ -700,3 +702,37 @@ def test_every_shipped_entry_is_usable_under_the_current_contracts():
         impl = implementation(e.key["implementation"])
         c = get_contract(e.key["op"])
         assert entry_problem(e, impl, c.numerics_sha256) is None, e.describe()
+
+
+def test_attention_entries_key_on_head_geometry_and_serve_any_key_store(tmp_path, monkeypatch):
+    """gated_attention's table key is (Hq, Hkv, D) and the query-row bucket: one entry
+    serves calls against key stores of any size (every cache has its own N, S, NB)."""
+    from opcontract.backends.torch.gated_attention import conformance_inputs
+    from opcontract.tables.db import shape_key
+
+    c = get_contract("gated_attention")
+    assert c.conformance.table_key == ["Hq", "Hkv", "D"]
+    assert shape_key({"T": 8, "Hq": 4, "Hkv": 2, "D": 16, "N": 9, "S": 1, "NB": 1}, "T",
+                     c.conformance.table_key) == "D=16,Hkv=2,Hq=4"  # fmt: skip
+    table = tmp_path / "attn.json"
+    cfg = {"split": 0, "block_m": 64, "num_warps": 4, "num_stages": 2}
+    write_entry(table, make_entry(device=CPU, op="gated_attention",
+                                  implementation="triton.attention", dtype="float32",
+                                  shape="D=16,Hkv=2,Hq=4", bucket=32, config=cfg,
+                                  numerics_sha256=c.numerics_sha256, median_ms=1.0))  # fmt: skip
+    monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
+    case = c.conformance.cases[0]
+    for store in ({"N": 700, "S": 3, "NB": 6}, {"N": 300, "S": 2, "NB": 3}):
+        inputs, params = conformance_inputs(c, case, "float32", sizes={"T": 24, **store})
+        r = dispatch.explain("gated_attention", **inputs, **params, backend="triton")
+        assert r.tuning_entry and r.tuning_entry.startswith(str(table)), store
+        assert {k: r.config[k] for k in cfg} == cfg
+
+
+def test_a_table_key_symbol_that_is_not_a_shape_symbol_is_a_contract_error():
+    from opcontract.contracts.loader import ContractFileError, parse_contract
+
+    path = Path(opcontract.contracts.__file__).parent / "ops" / "gated_attention.yaml"
+    text = path.read_text().replace("table_key: [Hq, Hkv, D]", "table_key: [Hq, Q]")
+    with pytest.raises(ContractFileError, match="'Q' is not a shape symbol"):
+        parse_contract(text)

@@ -175,6 +175,14 @@ class ConformanceCase(_Strict):
 class ConformanceSpec(_Strict):
     batch_dim: str
     cases: list[ConformanceCase]
+    table_key: list[str] | None = Field(
+        None,
+        description=(
+            "the shape symbols a tuning entry is keyed by, beside the batch bucket; default "
+            "every symbol but the batch one (attention: the head geometry, not the sizes of "
+            "the key store, which every call has its own)"
+        ),
+    )
     make_inputs: str | None = Field(
         None,
         description=(
@@ -576,6 +584,11 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
     for dt in c.float_dtypes():
         if dt not in c.tolerance:
             out.append((("tolerance",), f"no tolerance for served dtype {dt}"))
+    for sym in c.conformance.table_key or ():
+        if sym not in symbols or sym == c.conformance.batch_dim:
+            out.append(
+                (("conformance", "table_key"), f"'{sym}' is not a shape symbol but the batch one")
+            )
     if c.conformance.batch_dim not in symbols:
         out.append(
             (("conformance", "batch_dim"), f"'{c.conformance.batch_dim}' is not a shape symbol")

@@ -46,9 +46,14 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
-def shape_key(sizes: dict[str, int], batch_dim: str) -> str:
-    """The call's fixed sizes (every symbol but the batch one), e.g. 'H=6656,V=202048'."""
-    return ",".join(f"{k}={v}" for k, v in sorted(sizes.items()) if k != batch_dim)
+def shape_key(sizes: dict[str, int], batch_dim: str, keys: list[str] | None = None) -> str:
+    """The call's fixed sizes (``keys``, default every symbol but the batch one), e.g.
+    'H=6656,V=202048'."""
+    return ",".join(
+        f"{k}={v}"
+        for k, v in sorted(sizes.items())
+        if k != batch_dim and (keys is None or k in keys)
+    )
 
 
 def bucket_of(n: int) -> int:
