@@ -302,7 +302,13 @@ def _patch_embedding(emb: nn.Embedding, backend: str | None) -> None:
     op = dispatch.op("normalized_embedding", backend=backend)
 
     def forward(self: nn.Embedding, input_ids: torch.Tensor) -> torch.Tensor:
-        y = op(input_ids.reshape(-1), self.weight, eps=self.embed_norm.eps)
+        flat = input_ids.reshape(-1)
+        y = op(flat, self.weight, eps=self.embed_norm.eps)
+        if self.padding_idx is not None and torch.is_grad_enabled() and y.requires_grad:
+            # nn.Embedding's padding_idx: that row never gets a gradient (the same values;
+            # a stock pad row is zeros, where the norm's gradient is ~1/sqrt(eps))
+            pad = (flat == self.padding_idx)[:, None]
+            y = torch.where(pad, y.detach(), y)
         return y.reshape(*input_ids.shape, y.shape[-1])
 
     emb.forward = types.MethodType(forward, emb)
