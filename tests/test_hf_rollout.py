@@ -104,3 +104,16 @@ def test_generate_with_logprobs_refuses_what_it_cannot_record():
     with pytest.raises(ValueError, match="num_return_sequences=2"):
         generate_with_logprobs(model, ids, mask, max_new_tokens=2, num_return_sequences=2,
                                do_sample=True)  # fmt: skip
+
+
+def test_rollout_equals_trls_trainer_and_stock_does_not():
+    """What make demo shows: sampled rollouts of a left-padded batch against TRL 1.16's
+    fused_lm_head=True log-probs over the same sequences (bfloat16). Stock (generate's
+    output_logits, TRL's chunked head): every token differs here; patched: none."""
+    from opcontract.integrations.parity import train_rollout_mismatches
+
+    kw = dict(trainer_head="trl", lengths=(3, 9, 5), new_tokens=6)
+    stock = train_rollout_mismatches(torch.bfloat16, patched=False, **kw)
+    patched = train_rollout_mismatches(torch.bfloat16, patched=True, **kw)
+    assert patched["differ"] == 0 and patched["tokens"] == 18
+    assert stock["differ"] > 0, stock

@@ -123,3 +123,76 @@ def parity(
         },
         "grad": grads,
     }
+
+
+def train_rollout_mismatches(
+    dtype: torch.dtype,
+    *,
+    patched: bool,
+    trainer_head: str,
+    lengths: tuple[int, ...] = (3, 9, 5, 12),
+    new_tokens: int = 16,
+    sample: bool = True,
+    seed: int = 0,
+    make_model: Callable[..., nn.Module] | None = None,
+) -> dict:
+    """How many generated tokens' rollout log-probs differ (``!=``, per token) from the
+    trainer's for the same finished sequences, on the tiny random Muse Glimmer.
+
+    Rollout: the stock model's ``generate(output_logits=True)`` then one log-softmax (what a
+    rollout built on transformers stores); patched, :func:`generate_with_logprobs`.
+    ``trainer_head``: ``"logits"`` (a training forward's logits, then one log-softmax;
+    patched, :func:`token_logprobs`) or ``"trl"`` (TRL 1.16's ``fused_lm_head=True``: its
+    chunked head on the stock model, opcontract's on the patched one). Left-padded prompts of
+    mixed lengths, no position ids (as a trainer calls the model)."""
+    from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
+    from opcontract.integrations.transformers import generate_with_logprobs, token_logprobs
+
+    make_model = make_model or tiny_muse_glimmer
+    model = make_model(dtype)
+    ids, mask = left_padded(list(lengths))
+    P = ids.shape[1]
+    torch.manual_seed(seed)
+    kw = dict(max_new_tokens=new_tokens, do_sample=sample)
+    if patched:
+        apply_opcontract(model)
+        ro = generate_with_logprobs(model, ids, mask, **kw)
+        seq, full, ro_lp = ro.sequences, ro.attention_mask, ro.logprobs
+    else:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, output_logits=True,
+                                 return_dict_in_generate=True, **kw)  # fmt: skip
+        seq = out.sequences
+        full = torch.cat([mask, torch.ones_like(seq[:, P:])], dim=1)
+        y = seq[:, P:, None]
+        ro_lp = torch.stack(out.logits, dim=1).float().log_softmax(-1).gather(-1, y)[..., 0]
+    with torch.no_grad():
+        if trainer_head == "trl":
+            labels = seq.masked_fill(full == 0, -100)
+            if patched:
+                from opcontract.integrations.trl import install_head
+
+                install_head(model)
+            else:
+                from trl.trainer.utils import add_fused_lm_head
+
+                add_fused_lm_head(model)
+            tr_lp = model(input_ids=seq, attention_mask=full, labels=labels,
+                          fused_lm_head=True).log_probs[:, P - 1 :]  # fmt: skip
+        elif patched:
+            tr_lp = token_logprobs(model, seq, full)[:, P - 1 :]
+        else:
+            logits = model(input_ids=seq, attention_mask=full).logits[:, P - 1 : -1]
+            tr_lp = logits.float().log_softmax(-1).gather(-1, seq[:, P:, None])[..., 0]
+    d = (ro_lp - tr_lp).abs()
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "patched": patched,
+        "trainer_head": trainer_head,
+        "sample": sample,
+        "prompt_lengths": list(lengths),
+        "new_tokens": new_tokens,
+        "differ": int((ro_lp != tr_lp).sum()),
+        "tokens": int(ro_lp.numel()),
+        "max_abs_diff": float(d.max()),
+    }
