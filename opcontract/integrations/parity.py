@@ -81,7 +81,7 @@ def parity(
     keep = labels[:, 1:] != -100
     if patched:
         apply_opcontract(model, backend=backend)
-        install_head(model, backend=backend)
+        install_head(model)
         out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
                     fused_lm_head=True)  # fmt: skip
         loss, lp, ent, top1 = out.loss, out.log_probs[keep], out.entropy[keep], out.is_top1[keep]

@@ -51,6 +51,7 @@ from opcontract.outputs import LogprobOutput
 ATTN_IMPLEMENTATION = "opcontract"
 SAMPLER_ROWS = 256  # softcap_logits serves at most this many rows a call
 _FLAG = "_opcontract_patched"
+_BACKEND = "_opcontract_backend"
 OPCONTRACT_FORWARD = "_opcontract_forward"  # the patched forward, kept on the instance
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "generate_with_logprobs",
     "is_patched",
     "logprob_head",
+    "patched_backend",
     "positions_from_mask",
     "token_logprobs",
 ]
@@ -674,18 +676,36 @@ def apply_opcontract(model: nn.Module, *, backend: str | None = None) -> nn.Modu
     """Patch ``model`` (a ``MuseGlimmerForConditionalGeneration``) in place and return it.
 
     ``backend`` forces one backend for every op (``"torch"``: the portable strict path);
-    None lets dispatch choose per op. Idempotent: a patched model is returned as it is.
-    Raises :class:`OpcontractPatchError` (and changes nothing) on a model it does not know.
-    The vision tower, adapter and projection are not patched.
+    None lets dispatch choose per op. Idempotent: a patched model is returned as it is (asked
+    for another backend than it was patched with, it raises). Raises
+    :class:`OpcontractPatchError` (and changes nothing) on a model it does not know. The
+    vision tower, adapter and projection are not patched.
+
+    The patched forwards read the parameters at call time, so ``model.to(dtype)`` after
+    patching gives the bits of a model patched after the move; a dtype outside the ops'
+    contracts (float64) is refused at call time by the first op, naming it.
     """
     if is_patched(model):
+        if backend != patched_backend(model):
+            raise OpcontractPatchError(
+                f"backend={backend!r}: the model is already patched with "
+                f"backend={patched_backend(model)!r}; patch a fresh model to change it"
+            )
         return model
     steps = _plan(model)
     for step in steps:
         step(backend)
     model.config.text_config._attn_implementation = ATTN_IMPLEMENTATION
+    object.__setattr__(model, _BACKEND, backend)
     object.__setattr__(model, _FLAG, True)
     return model
+
+
+def patched_backend(model: nn.Module) -> str | None:
+    """The ``backend`` a patched model was patched with (None: dispatch chooses per op)."""
+    if not is_patched(model):
+        raise OpcontractPatchError("patched_backend: the model is not patched")
+    return getattr(model, _BACKEND)
 
 
 def token_logprobs(

@@ -96,9 +96,11 @@ def _trl_request(model: nn.Module, where: str) -> tuple[str, ...]:
 def enable(trainer: Any, *, backend: str | None = None) -> Any:
     """Make ``trainer`` (a TRL 1.16 trainer: SFT, GRPO, ...) compute ``log_probs``,
     ``entropy`` and ``is_top1`` through opcontract's head, on ``trainer.model`` and, when
-    there is one, ``trainer.ref_model``. Patches a model with
-    :func:`~opcontract.integrations.transformers.apply_opcontract` first if it is not yet.
-    Everything is checked before anything changes; idempotent. Returns the trainer."""
+    there is one, ``trainer.ref_model``. Call it after building the trainer and before
+    ``train()``. A model not yet patched is patched with
+    :func:`~opcontract.integrations.transformers.apply_opcontract` (``backend``); a patched one
+    keeps the backend it was patched with (another non-None ``backend`` raises). Everything
+    is checked before anything changes; idempotent. Returns the trainer."""
     models = [("trainer.model", trainer.model)]
     if getattr(trainer, "ref_model", None) is not None:
         models.append(("trainer.ref_model", trainer.ref_model))
@@ -106,13 +108,20 @@ def enable(trainer: Any, *, backend: str | None = None) -> Any:
     for where, model in models:
         if not _hf.is_patched(model):
             _hf._plan(model)  # raises OpcontractPatchError (nothing changed) on a model it can't
-        plans.append((model, _trl_request(model, where)))
-    for model, outputs in plans:
+            chosen = backend
+        else:
+            chosen = _hf.patched_backend(model)
+            if backend is not None and backend != chosen:
+                raise OpcontractPatchError(
+                    f"backend={backend!r}: {where} is already patched with backend={chosen!r}"
+                )
+        plans.append((model, _trl_request(model, where), chosen))
+    for model, outputs, chosen in plans:
         if is_enabled(model):
             continue
         amp = _amp_wrapped(model)
-        _hf.apply_opcontract(model, backend=backend)
-        install_head(model, outputs=outputs, backend=backend)
+        _hf.apply_opcontract(model, backend=chosen)
+        install_head(model, outputs=outputs)
         if amp:  # wrap the new head as accelerate wrapped TRL's (the same autocast)
             acc = trainer.accelerator
             ctx = get_mixed_precision_context_manager(acc.native_amp, acc.autocast_handler)
@@ -123,15 +132,15 @@ def enable(trainer: Any, *, backend: str | None = None) -> Any:
     return trainer
 
 
-def install_head(
-    model: nn.Module, *, outputs: tuple[str, ...] = OUTPUTS, backend: str | None = None
-) -> nn.Module:
-    """Give a patched model TRL's fused-head calling convention on opcontract's head:
-    ``model(..., labels=labels, fused_lm_head=True)`` returns a ``FusedCausalLMOutput``
-    whose per-token fields are zero where the next-token label is -100; without
-    ``fused_lm_head`` the call is the patched forward's (generation is unchanged)."""
+def install_head(model: nn.Module, *, outputs: tuple[str, ...] = OUTPUTS) -> nn.Module:
+    """Give a patched model TRL's fused-head calling convention on opcontract's head (the
+    backend it was patched with): ``model(..., labels=labels, fused_lm_head=True)`` returns a
+    ``FusedCausalLMOutput`` whose per-token fields are zero where the next-token label is
+    -100; without ``fused_lm_head`` the call is the patched forward's (generation is
+    unchanged)."""
     if not _hf.is_patched(model):
         raise OpcontractPatchError("install_head: the model is not patched by apply_opcontract")
+    backend = _hf.patched_backend(model)
     extra = [o for o in outputs if o not in OUTPUTS]
     if extra:
         raise OpcontractPatchError(f"install_head: outputs {extra}; served: {list(OUTPUTS)}")
