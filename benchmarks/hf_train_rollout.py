@@ -29,10 +29,34 @@ LENGTHS, NEW = (3, 9, 5, 12), 12
 COMMAND = "python benchmarks/hf_train_rollout.py --out benchmarks/results/hf_train_rollout_cpu.json"
 
 
+def markdown(result: dict) -> str:
+    """The docs table: tokens whose rollout log-prob differs from the trainer's (max abs)."""
+    rows = result["rows"]
+    cols = [(d, p) for p in (False, True) for d in ("float32", "bfloat16")]
+    head = " | ".join(f"{'patched' if p else 'stock'} {d}" for d, p in cols)
+    lines = [f"| tokens differ of 48 (max abs diff) | {head} |", "| --- |" + " --- |" * 4]
+    for sample in (True, False):
+        for trainer in ("trl", "logits"):
+            cells = []
+            for d, p in cols:
+                r = next(r for r in rows if (r["dtype"], r["patched"], r["sample"],
+                                             r["trainer_head"]) == (d, p, sample, trainer))
+                cells.append(f"{r['differ']} ({r['max_abs_diff']:.1e})")
+            what = ("TRL's fused_lm_head=True" if trainer == "trl"
+                    else "a training forward's logits")  # fmt: skip
+            lines.append(f"| {'sampled' if sample else 'greedy'}, trainer: {what} | "
+                         + " | ".join(cells) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--markdown", type=Path, help="print the docs table from a result file")
     args = ap.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return
     rows = []
     for sample in (True, False):
         for head in ("trl", "logits"):
