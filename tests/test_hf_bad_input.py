@@ -182,3 +182,21 @@ def test_logits_to_keep_alone_keeps_the_last_positions_bitwise():
         last = model(input_ids=ids, attention_mask=mask, logits_to_keep=2)
     assert torch.equal(last.logits, full.logits[:, -2:])
     assert torch.equal(last.lse, full.lse[:, -2:])
+
+
+def test_packed_rows_without_a_mask_are_refused_naming_position_ids():
+    """TRL's padding-free packing hands position ids that restart within a row and no mask:
+    positions come from the mask alone, so this is refused rather than silently read as one
+    sequence; position ids that agree (0 .. L - 1) are accepted, with the same bits."""
+    ids, _ = left_padded([8], seed=2)
+    model = oc_trl.install_head(patched())
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    labels = ids.clone()
+    with pytest.raises(ValueError, match="position_ids"):
+        model(input_ids=ids, position_ids=packed)
+    with pytest.raises(ValueError, match="position_ids"):
+        model(input_ids=ids, position_ids=packed, labels=labels, fused_lm_head=True)
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        same = model(input_ids=ids, position_ids=torch.arange(8)[None]).logits
+    assert torch.equal(plain, same)

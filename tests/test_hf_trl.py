@@ -273,3 +273,14 @@ def test_enable_patches_an_unpatched_model_and_is_idempotent(chunked_calls):
     assert torch.equal(out.log_probs, token_logprobs(model, ids, mask).masked_fill(
         labels[:, 1:] == -100, 0.0))  # fmt: skip
     assert chunked_calls == []
+
+
+def test_enable_refuses_outputs_it_does_not_serve_and_changes_nothing():
+    """A trainer whose fused head was asked for TRL's mean_logits (DPO-style metrics)."""
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    trainer = sft_trainer(model, bf16=False)
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "mean_logits"))
+    trls = model.forward
+    with pytest.raises(OpcontractPatchError, match="mean_logits"):
+        oc_trl.enable(trainer)
+    assert model.forward is trls and not oc_trl.is_enabled(model)

@@ -466,12 +466,20 @@ class OpcontractCausalLMOutput(mg.MuseGlimmerCausalLMOutputWithPast):
     lse: torch.FloatTensor | None = None
 
 
-def _check_position_ids(position_ids: torch.Tensor | None, mask: torch.Tensor | None, L: int):
-    """Explicit position ids must be the mask's (on real tokens): positions have one source."""
-    if position_ids is None or mask is None:
+def _check_position_ids(
+    position_ids: torch.Tensor | None, mask: torch.Tensor | None, L: int, offset: int = 0
+):
+    """Explicit position ids must be the mask's (on real tokens): positions have one source.
+    Without a mask every token is real: positions offset .. offset + L - 1 (offset: the
+    columns already cached), so packed rows (position ids restarting) are refused too."""
+    if position_ids is None:
         return
-    want = positions_from_mask(mask)[:, -L:]
-    got = position_ids.expand_as(want)
+    if mask is None:
+        want = torch.arange(offset, offset + L, device=position_ids.device)[None]
+        want = want.expand(position_ids.shape[0], L)
+    else:
+        want = positions_from_mask(mask)[:, -L:]
+    got = position_ids.to(want.device).expand_as(want)
     real = want >= 0
     if not torch.equal(got[real], want[real]):
         raise ValueError(
@@ -512,7 +520,8 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         **kwargs: Any,
     ) -> OpcontractCausalLMOutput:
         ref = input_ids if input_ids is not None else inputs_embeds
-        _check_position_ids(position_ids, attention_mask, ref.shape[1])
+        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        _check_position_ids(position_ids, attention_mask, ref.shape[1], seen)
         if labels is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
             raise ValueError(
                 f"logits_to_keep={logits_to_keep!r} with labels: the labels loss covers every "
