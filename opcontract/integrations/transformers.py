@@ -23,9 +23,11 @@ What a token's bits depend on is fixed in one place each:
   :class:`OpcontractKVCache` it appends the real tokens to one ``PagedKVCache`` per layer and
   attends there. ``generate()`` gets an ``OpcontractKVCache`` unless given another cache;
   any other ``Cache`` is refused.
-- The head returns ``softcap_logits``'s float32 logits (never rounded to the model dtype);
-  ``labels`` give the mean next-token loss through ``softcap_logprob``.
-  :func:`token_logprobs` is the trainer's per-token log-probability of given tokens.
+- The head returns ``softcap_logits``'s float32 logits (never rounded to the model dtype)
+  and their ``lse``; ``labels`` give the mean next-token loss through ``softcap_logprob``.
+  :func:`token_logprobs` is the trainer's per-token log-probability of given tokens, and
+  :func:`generate_with_logprobs` records each generated token's as it is sampled: the same
+  bits. TRL's trainers: :mod:`opcontract.integrations.trl`.
 """
 
 from __future__ import annotations
@@ -799,8 +801,8 @@ def generate_with_logprobs(
     lp = torch.stack(steps, dim=1) if steps else seq.new_zeros(seq.shape[0], 0, dtype=torch.float32)
     if lp.shape[1] != N:
         raise RuntimeError(f"generate_with_logprobs: {lp.shape[1]} forward steps for {N} tokens")
-    eos = model.generation_config.eos_token_id if "eos_token_id" not in generate_kwargs \
-        else generate_kwargs["eos_token_id"]  # fmt: skip
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    eos = generate_kwargs.get("eos_token_id", config.eos_token_id)
     comp = seq[:, P:]
     done = torch.zeros_like(comp, dtype=torch.bool)
     if eos is not None:
