@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP)  # the Muse Glimmer train = rollout counts, then every op through dispatch
 	$(BIN)/python -m opcontract.demo
 
 test: $(STAMP)

@@ -23,13 +23,17 @@ What a token's bits depend on is fixed in one place each:
   :class:`OpcontractKVCache` it appends the real tokens to one ``PagedKVCache`` per layer and
   attends there. ``generate()`` gets an ``OpcontractKVCache`` unless given another cache;
   any other ``Cache`` is refused.
-- The head returns ``softcap_logits``'s float32 logits (never rounded to the model dtype);
-  ``labels`` give the mean next-token loss through ``softcap_logprob``.
-  :func:`token_logprobs` is the trainer's per-token log-probability of given tokens.
+- The head returns ``softcap_logits``'s float32 logits (never rounded to the model dtype)
+  and their ``lse``; ``labels`` give the mean next-token loss through ``softcap_logprob``.
+  :func:`token_logprobs` is the trainer's per-token log-probability of given tokens, and
+  :func:`generate_with_logprobs` records each generated token's as it is sampled: the same
+  bits. TRL's trainers: :mod:`opcontract.integrations.trl`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -44,17 +48,25 @@ from transformers.models.muse_glimmer import modeling_muse_glimmer as mg
 
 from opcontract import attention as _attention
 from opcontract import dispatch
+from opcontract.outputs import LogprobOutput
 
 ATTN_IMPLEMENTATION = "opcontract"
 SAMPLER_ROWS = 256  # softcap_logits serves at most this many rows a call
 _FLAG = "_opcontract_patched"
+_BACKEND = "_opcontract_backend"
+OPCONTRACT_FORWARD = "_opcontract_forward"  # the patched forward, kept on the instance
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "OpcontractCausalLMOutput",
     "OpcontractKVCache",
     "OpcontractPatchError",
+    "Rollout",
     "apply_opcontract",
+    "generate_with_logprobs",
     "is_patched",
+    "logprob_head",
+    "patched_backend",
     "positions_from_mask",
     "token_logprobs",
 ]
@@ -294,7 +306,13 @@ def _patch_embedding(emb: nn.Embedding, backend: str | None) -> None:
     op = dispatch.op("normalized_embedding", backend=backend)
 
     def forward(self: nn.Embedding, input_ids: torch.Tensor) -> torch.Tensor:
-        y = op(input_ids.reshape(-1), self.weight, eps=self.embed_norm.eps)
+        flat = input_ids.reshape(-1)
+        y = op(flat, self.weight, eps=self.embed_norm.eps)
+        if self.padding_idx is not None and torch.is_grad_enabled() and y.requires_grad:
+            # nn.Embedding's padding_idx: that row never gets a gradient (the same values;
+            # a stock pad row is zeros, where the norm's gradient is ~1/sqrt(eps))
+            pad = (flat == self.padding_idx)[:, None]
+            y = torch.where(pad, y.detach(), y)
         return y.reshape(*input_ids.shape, y.shape[-1])
 
     emb.forward = types.MethodType(forward, emb)
@@ -368,14 +386,15 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
 
 def _patch_decoder_layer(layer: nn.Module, backend: str | None) -> None:
     """The sandwich order of the stock layer; the residual add after attention and the
-    pre-feed-forward norm become one fused_add_rms_norm (same sum: float32, rounded once)."""
+    pre-feed-forward norm become one fused_add_rms_norm (same sum: float32, rounded once).
+
+    Gradient checkpointing (``model.gradient_checkpointing_enable()``, TRL's default) is
+    carried over: the stock layer checkpoints its class ``forward``, which this instance
+    forward replaces, so it checkpoints itself through the same ``_gradient_checkpointing_func``.
+    The recompute runs the same ops on the same inputs: the same bits."""
     add_norm = dispatch.op("fused_add_rms_norm", backend=backend)
 
-    def forward(self: nn.Module, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        if getattr(self, "gradient_checkpointing", False) and self.training:
-            raise NotImplementedError(
-                "gradient checkpointing: the patched decoder layer does not checkpoint yet"
-            )
+    def body(self: nn.Module, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         shape = hidden_states.shape
         a, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
         a = self.post_attention_layernorm(a)
@@ -386,30 +405,83 @@ def _patch_decoder_layer(layer: nn.Module, backend: str | None) -> None:
         m = self.post_feedforward_layernorm(self.mlp(fused.y.reshape(shape)))
         return residual + m
 
+    def forward(self: nn.Module, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if getattr(self, "gradient_checkpointing", False) and self.training:
+            if kwargs.get("past_key_values") is not None:
+                raise ValueError(
+                    "past_key_values with gradient checkpointing: the recompute would write "
+                    "the KV cache a second time"
+                )
+            step = functools.partial(body, self, **kwargs)
+            return self._gradient_checkpointing_func(step, hidden_states)
+        return body(self, hidden_states, **kwargs)
+
     layer.forward = types.MethodType(forward, layer)
 
 
-def _head(model: nn.Module, hidden: torch.Tensor, backend: str | None) -> torch.Tensor:
+def _head(model: nn.Module, hidden: torch.Tensor, backend: str | None):
     """softcap_logits over [..., H] rows, SAMPLER_ROWS at a time (batch-invariant: the
-    chunking changes no bit). float32 [..., V]."""
+    chunking changes no bit). (logits float32 [..., V], lse float32 [...]): logits[y] - lse
+    is softcap_logprob's log-prob of y, bitwise."""
     text = model.config.text_config
     op = dispatch.op("softcap_logits", backend=backend)
     flat = hidden.reshape(-1, hidden.shape[-1])
     parts = [
         op(flat[i : i + SAMPLER_ROWS], model.lm_head.weight,
-           multiplier=text.output_multiplier, softcap=text.final_logit_softcapping).logits
+           multiplier=text.output_multiplier, softcap=text.final_logit_softcapping)
         for i in range(0, flat.shape[0], SAMPLER_ROWS)
     ]  # fmt: skip
-    logits = torch.cat(parts) if parts else flat.new_zeros(0, model.lm_head.out_features)
-    return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
+    if parts:
+        logits, lse = torch.cat([p.logits for p in parts]), torch.cat([p.lse for p in parts])
+    else:
+        logits = flat.new_zeros(0, model.lm_head.out_features, dtype=torch.float32)
+        lse = flat.new_zeros(0, dtype=torch.float32)
+    return logits.reshape(*hidden.shape[:-1], logits.shape[-1]), lse.reshape(hidden.shape[:-1])
 
 
-def _check_position_ids(position_ids: torch.Tensor | None, mask: torch.Tensor | None, L: int):
-    """Explicit position ids must be the mask's (on real tokens): positions have one source."""
-    if position_ids is None or mask is None:
+def logprob_head(
+    model: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    entropy: bool = False,
+    predicted: bool = False,
+    backend: str | None = None,
+):
+    """The trainer's head: softcap_logprob over final hidden rows [T, H] and their targets
+    [T] (-100 ignored), with the model's multiplier and soft cap. A ``LogprobOutput``
+    (``logprob`` [T] float32, ``entropy`` and ``predicted`` when asked). Rows are
+    batch-invariant: a row's bits do not depend on the other rows in the call."""
+    text = model.config.text_config
+    out = dispatch.op("softcap_logprob", backend=backend)(
+        hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
+        softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,
+    )  # fmt: skip
+    return LogprobOutput(logprob=out) if isinstance(out, torch.Tensor) else out
+
+
+@dataclasses.dataclass
+class OpcontractCausalLMOutput(mg.MuseGlimmerCausalLMOutputWithPast):
+    """The stock output, with ``lse`` [B, kept positions] float32: the log-sum-exp of each
+    row of ``logits`` as softcap_logprob merges it (``logits[..., y] - lse`` is its log-prob)."""
+
+    lse: torch.FloatTensor | None = None
+
+
+def _check_position_ids(
+    position_ids: torch.Tensor | None, mask: torch.Tensor | None, L: int, offset: int = 0
+):
+    """Explicit position ids must be the mask's (on real tokens): positions have one source.
+    Without a mask every token is real: positions offset .. offset + L - 1 (offset: the
+    columns already cached), so packed rows (position ids restarting) are refused too."""
+    if position_ids is None:
         return
-    want = positions_from_mask(mask)[:, -L:]
-    got = position_ids.expand_as(want)
+    if mask is None:
+        want = torch.arange(offset, offset + L, device=position_ids.device)[None]
+        want = want.expand(position_ids.shape[0], L)
+    else:
+        want = positions_from_mask(mask)[:, -L:]
+    got = position_ids.to(want.device).expand_as(want)
     real = want >= 0
     if not torch.equal(got[real], want[real]):
         raise ValueError(
@@ -418,9 +490,24 @@ def _check_position_ids(position_ids: torch.Tensor | None, mask: torch.Tensor | 
         )
 
 
-def _patch_top(model: nn.Module, backend: str | None) -> None:
-    lp_op = dispatch.op("softcap_logprob", backend=backend)
+def _check_generation_mask(mask: torch.Tensor | None) -> None:
+    """With a KV cache every row must be left-padded: padding, then one run of real tokens up
+    to the last column. Right padding (or a hole) would have the next token predicted from a
+    padding position, or attend past a gap that training refuses."""
+    if mask is None:
+        return
+    m = mask.to(torch.bool)
+    bad = (m[:, :-1] & ~m[:, 1:]).any(dim=1) | ~m[:, -1]
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten().tolist()
+        raise ValueError(
+            f"attention_mask: rows {rows} are not left-padded (padding, then real tokens up to "
+            "the last column); generation with right padding or holes would predict from a "
+            "padding position. Pad prompts on the left (tokenizer.padding_side = 'left')"
+        )
 
+
+def _patch_top(model: nn.Module, backend: str | None) -> None:
     def forward(
         self: nn.Module,
         input_ids: torch.Tensor | None = None,
@@ -431,10 +518,17 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs: Any,
-    ) -> mg.MuseGlimmerCausalLMOutputWithPast:
+    ) -> OpcontractCausalLMOutput:
         ref = input_ids if input_ids is not None else inputs_embeds
-        _check_position_ids(position_ids, attention_mask, ref.shape[1])
+        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        _check_position_ids(position_ids, attention_mask, ref.shape[1], seen)
+        if labels is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+            raise ValueError(
+                f"logits_to_keep={logits_to_keep!r} with labels: the labels loss covers every "
+                "labelled position, logits_to_keep only the returned logits; pass one of them"
+            )
         if past_key_values is None and use_cache:  # a plain forward builds no cache
             past_key_values = OpcontractKVCache(self.config, backend=backend)
         if past_key_values is not None and not isinstance(past_key_values, OpcontractKVCache):
@@ -442,6 +536,8 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
                 f"a model patched by opcontract needs an OpcontractKVCache, got "
                 f"{type(past_key_values).__name__}"
             )
+        if past_key_values is not None:
+            _check_generation_mask(attention_mask)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -452,24 +548,27 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         )
         hidden = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = _head(self, hidden[:, keep, :], backend)
+        logits, lse = _head(self, hidden[:, keep, :], backend)
         loss = None
         if labels is not None:
-            text = self.config.text_config
             h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
             tgt = labels[:, 1:].reshape(-1).to(hidden.device)
-            lp = lp_op(h, self.lm_head.weight, tgt, multiplier=text.output_multiplier,
-                       softcap=text.final_logit_softcapping)  # fmt: skip
-            loss = -lp.sum() / (tgt != -100).sum().clamp(min=1)
-        return mg.MuseGlimmerCausalLMOutputWithPast(
+            lp = logprob_head(self, h, tgt, backend=backend).logprob
+            n = num_items_in_batch
+            if n is None:
+                n = (tgt != -100).sum().clamp(min=1)
+            loss = -lp.sum() / n  # all labels -100: a zero loss that still has a backward
+        return OpcontractCausalLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            lse=lse,
         )
 
     model.forward = types.MethodType(forward, model)
+    object.__setattr__(model, OPCONTRACT_FORWARD, model.forward)  # what integrations.trl wraps
 
     prepare = model._prepare_cache_for_generation
 
@@ -588,18 +687,36 @@ def apply_opcontract(model: nn.Module, *, backend: str | None = None) -> nn.Modu
     """Patch ``model`` (a ``MuseGlimmerForConditionalGeneration``) in place and return it.
 
     ``backend`` forces one backend for every op (``"torch"``: the portable strict path);
-    None lets dispatch choose per op. Idempotent: a patched model is returned as it is.
-    Raises :class:`OpcontractPatchError` (and changes nothing) on a model it does not know.
-    The vision tower, adapter and projection are not patched.
+    None lets dispatch choose per op. Idempotent: a patched model is returned as it is (asked
+    for another backend than it was patched with, it raises). Raises
+    :class:`OpcontractPatchError` (and changes nothing) on a model it does not know. The
+    vision tower, adapter and projection are not patched.
+
+    The patched forwards read the parameters at call time, so ``model.to(dtype)`` after
+    patching gives the bits of a model patched after the move; a dtype outside the ops'
+    contracts (float64) is refused at call time by the first op, naming it.
     """
     if is_patched(model):
+        if backend != patched_backend(model):
+            raise OpcontractPatchError(
+                f"backend={backend!r}: the model is already patched with "
+                f"backend={patched_backend(model)!r}; patch a fresh model to change it"
+            )
         return model
     steps = _plan(model)
     for step in steps:
         step(backend)
     model.config.text_config._attn_implementation = ATTN_IMPLEMENTATION
+    object.__setattr__(model, _BACKEND, backend)
     object.__setattr__(model, _FLAG, True)
     return model
+
+
+def patched_backend(model: nn.Module) -> str | None:
+    """The ``backend`` a patched model was patched with (None: dispatch chooses per op)."""
+    if not is_patched(model):
+        raise OpcontractPatchError("patched_backend: the model is not patched")
+    return getattr(model, _BACKEND)
 
 
 def token_logprobs(
@@ -612,14 +729,84 @@ def token_logprobs(
     """The training forward's log-probability of each next token: [B, L - 1] float32,
     entry t the log-prob of input_ids[:, t + 1] given the tokens up to t (softcap_logprob,
     the head the trainer takes). Padding targets give 0."""
-    text = model.config.text_config
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
                          use_cache=False).last_hidden_state  # fmt: skip
     tgt = input_ids[:, 1:]
     if attention_mask is not None:
         tgt = tgt.masked_fill(attention_mask[:, 1:] == 0, -100)
-    lp = dispatch.op("softcap_logprob", backend=backend)(
-        hidden[:, :-1, :].reshape(-1, hidden.shape[-1]), model.lm_head.weight,
-        tgt.reshape(-1), multiplier=text.output_multiplier, softcap=text.final_logit_softcapping,
-    )  # fmt: skip
+    lp = logprob_head(model, hidden[:, :-1, :].reshape(-1, hidden.shape[-1]), tgt.reshape(-1),
+                      backend=backend).logprob  # fmt: skip
     return lp.reshape(tgt.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """What a rollout stores: ``sequences`` [B, P + N] (prompt and completion),
+    ``attention_mask`` [B, P + N] over them (the prompt's, then ones), ``logprobs`` [B, N]
+    float32, each sampled token's log-prob under the distribution the model returned
+    (``logits[y] - lse`` of softcap_logits: softcap_logprob's bits), and ``completion_mask``
+    [B, N] (1 up to and including the first end-of-sequence token)."""
+
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    logprobs: torch.Tensor
+    completion_mask: torch.Tensor
+
+
+def generate_with_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    **generate_kwargs: Any,
+) -> Rollout:
+    """``model.generate(...)`` on a patched model, recording each generated token's log-prob
+    from opcontract's head as it is sampled (greedy or sampled; left-padded prompts).
+
+    A forward hook keeps the last position's float32 logits and lse of each step; the next
+    step's input token is the one sampled from them, so its log-prob is taken then (and the
+    last one after generate returns): memory [B, V], not [B, N, V]. The log-prob is of the
+    model's distribution, before any logits processor (temperature, top-k, ...): exactly
+    what :func:`token_logprobs` gives a training forward over the finished sequences."""
+    if not is_patched(model):
+        raise OpcontractPatchError("generate_with_logprobs: the model is not patched")
+    for name in ("num_beams", "num_return_sequences"):
+        if generate_kwargs.get(name) not in (None, 1):
+            raise ValueError(f"generate_with_logprobs: {name}={generate_kwargs[name]!r} is not "
+                             "supported (one sequence per prompt row)")  # fmt: skip
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    steps: list[torch.Tensor] = []
+    last: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if last:  # this call's last input token was sampled from the previous call's row
+            logits, lse = last.pop()
+            y = ids[:, -1:].to(logits.device)
+            steps.append(logits.gather(-1, y)[:, 0] - lse)
+        last.append((out.logits[:, -1].detach(), out.lse[:, -1].detach()))
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            seq = model.generate(input_ids, attention_mask=attention_mask, **generate_kwargs)
+    finally:
+        handle.remove()
+    if not isinstance(seq, torch.Tensor):
+        seq = seq.sequences
+    P, N = input_ids.shape[1], seq.shape[1] - input_ids.shape[1]
+    if N:
+        logits, lse = last.pop()
+        steps.append(logits.gather(-1, seq[:, -1:].to(logits.device))[:, 0] - lse)
+    lp = torch.stack(steps, dim=1) if steps else seq.new_zeros(seq.shape[0], 0, dtype=torch.float32)
+    if lp.shape[1] != N:
+        raise RuntimeError(f"generate_with_logprobs: {lp.shape[1]} forward steps for {N} tokens")
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    eos = generate_kwargs.get("eos_token_id", config.eos_token_id)
+    comp = seq[:, P:]
+    done = torch.zeros_like(comp, dtype=torch.bool)
+    if eos is not None:
+        is_eos = torch.isin(comp, torch.as_tensor(eos, device=comp.device).flatten())
+        done = (torch.cumsum(is_eos.int(), dim=1) - is_eos.int()) > 0  # after the first eos
+    full = torch.cat([attention_mask, torch.ones_like(comp, dtype=attention_mask.dtype)], dim=1)
+    return Rollout(sequences=seq, attention_mask=full, logprobs=lp, completion_mask=(~done).int())

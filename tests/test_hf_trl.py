@@ -1,0 +1,286 @@
+"""TRL 1.16's SFTTrainer and GRPOTrainer on a patched tiny random Muse Glimmer, real trainer
+steps on the CPU (no network: a word-level tokenizer and the datasets are built here).
+
+``opcontract.integrations.trl.enable(trainer)`` replaces the fused head TRL installs at
+trainer init (``add_fused_lm_head``, its ``ChunkedLogProbFunction``) with opcontract's
+``softcap_logprob``. Checked on every ``fused_lm_head=True`` call the trainer makes: its
+``log_probs`` equal :func:`token_logprobs` of the same model and inputs bitwise, its
+``entropy`` and ``is_top1`` equal the op's own; the logged ``mean_token_accuracy`` and
+``entropy`` are those values reduced as the trainer reduces them; TRL's chunked head is
+never called (and is, on the same trainer without ``enable``: the negative control).
+TRL's default ``bf16=True`` on the CPU trains under bfloat16 autocast; the references run
+under the same autocast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+trl = pytest.importorskip("trl")
+
+import trl.trainer.utils as trl_utils  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402
+
+from opcontract.integrations import trl as oc_trl  # noqa: E402
+from opcontract.integrations.tiny import (  # noqa: E402
+    EOS,
+    VOCAB,
+    left_padded,
+    tiny_muse_glimmer,
+    tiny_tokenizer,
+)
+from opcontract.integrations.transformers import (  # noqa: E402
+    OpcontractPatchError,
+    apply_opcontract,
+    generate_with_logprobs,
+    is_patched,
+    logprob_head,
+    token_logprobs,
+)
+
+COMMON = dict(report_to="none", use_cpu=True, logging_steps=1, save_strategy="no",
+              disable_tqdm=True, dataloader_num_workers=0)  # fmt: skip
+
+
+@pytest.fixture
+def chunked_calls(monkeypatch):
+    """Counts calls of TRL's own chunked head (a spy: it still runs)."""
+    calls = []
+    orig = trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", spy)
+    return calls
+
+
+def _autocast(bf16: bool):
+    if bf16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def record_fused_calls(model, bf16: bool) -> list[dict]:
+    """For each fused_lm_head=True call: what the trainer got and what opcontract's functions
+    give on the same model (same weights, same inputs, same autocast), right then."""
+    seen: list[dict] = []
+
+    def hook(module, args, kwargs, out):
+        if not kwargs.get("fused_lm_head"):
+            return
+        ids, mask, labels = kwargs["input_ids"], kwargs["attention_mask"], kwargs["labels"]
+        tgt = labels[:, 1:]
+        with torch.no_grad(), _autocast(bf16):
+            ref_lp = token_logprobs(module, ids, mask, backend="torch")
+            hidden = module.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            hidden = hidden.last_hidden_state[:, :-1]
+            keep = tgt != -100
+            ref = logprob_head(module, hidden[keep], tgt[keep], entropy=True, predicted=True,
+                               backend="torch")  # fmt: skip
+        seen.append(dict(out=out, keep=keep, tgt=tgt, ref_lp=ref_lp.masked_fill(~keep, 0.0),
+                         ref=ref))  # fmt: skip
+
+    model.register_forward_hook(hook, with_kwargs=True)
+    return seen
+
+
+def check_fused_calls(seen: list[dict], *, top1: bool) -> None:
+    assert seen, "the trainer made no fused_lm_head=True call"
+    for s in seen:
+        out, keep, ref = s["out"], s["keep"], s["ref"]
+        assert out.log_probs.dtype == torch.float32
+        assert torch.equal(out.log_probs.detach(), s["ref_lp"])  # == token_logprobs, bitwise
+        if out.entropy is not None:  # what the trainer asked for (GRPO's reference: log_probs)
+            assert torch.equal(out.entropy.detach()[keep], ref.entropy)
+            assert bool((out.entropy[~keep] == 0).all())
+        if top1:
+            assert torch.equal(out.is_top1[keep], ref.predicted == s["tgt"][keep])
+            assert not bool(out.is_top1[~keep].any())
+
+
+def sft_dataset(n_rows: int = 8) -> Dataset:
+    """Rows whose continuations are the (same seed's) model's own greedy tokens, so that the
+    first step's token accuracy is neither 0 nor 1."""
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    ids, mask = left_padded([2, 3, 4, 2, 3, 4, 2, 3][:n_rows], seed=5)
+    out = generate_with_logprobs(model, ids, mask, max_new_tokens=6, do_sample=False)
+    rows = [out.sequences[b][out.attention_mask[b].bool()].tolist() for b in range(len(ids))]
+    return Dataset.from_list([{"input_ids": r} for r in rows])
+
+
+def sft_trainer(model, bf16: bool) -> SFTTrainer:
+    args = SFTConfig(output_dir="/tmp/opcontract-sft", max_steps=2, per_device_train_batch_size=4,
+                     learning_rate=1e-3, bf16=bf16, **COMMON)  # fmt: skip
+    return SFTTrainer(model=model, args=args, train_dataset=sft_dataset(),
+                      processing_class=tiny_tokenizer())  # fmt: skip
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-autocast", "fp32"])
+def test_sft_trainer_through_opcontract(bf16, chunked_calls):
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    trainer = sft_trainer(model, bf16)
+    assert trainer.args.gradient_checkpointing  # TRL's default: the patched layers checkpoint
+    assert oc_trl.enable(trainer, backend="torch") is trainer and oc_trl.is_enabled(model)
+    seen = record_fused_calls(model, bf16)
+    trainer.train()
+    assert chunked_calls == []
+    assert len(seen) == 2  # one training forward a step
+    check_fused_calls(seen, top1=True)
+    for s, log in zip(seen, [r for r in trainer.state.log_history if "loss" in r], strict=True):
+        keep, ref = s["keep"], s["ref"]
+        n = keep.sum()
+        acc = ((ref.predicted == s["tgt"][keep]).sum() / n).item()
+        assert log["mean_token_accuracy"] == acc
+        assert log["entropy"] == (s["out"].entropy.detach().sum() / n).item()
+        assert log["loss"] == pytest.approx((-ref.logprob.sum() / n).item(), rel=1e-6)
+    accs = [r["mean_token_accuracy"] for r in trainer.state.log_history if "loss" in r]
+    assert 0.0 < accs[0] < 1.0, accs
+
+
+def test_sft_trainer_without_enable_runs_trls_chunked_head(chunked_calls):
+    """Negative control: the same trainer, not enabled, goes through TRL's own head."""
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    trainer = sft_trainer(model, bf16=False)
+    trainer.args.max_steps = 1
+    trainer.train()
+    assert len(chunked_calls) >= 1
+
+
+def grpo_trainer(model, **overrides) -> GRPOTrainer:
+    """8 completions a step: 4 prompts of 1-4 words (left-padded by the trainer), 2 each,
+    sampled by the model's own generate() (no vLLM)."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [" ".join(f"t{int(i)}" for i in torch.randint(3, VOCAB, (n,), generator=g))
+               for n in (1, 4, 2, 3)]  # fmt: skip
+
+    def reward(completions, **kwargs):  # prefer low token ids
+        return [-sum(int(w[1:]) for w in c.split()) / 100 for c in completions]
+
+    kw = dict(output_dir="/tmp/opcontract-grpo", max_steps=1, per_device_train_batch_size=8,
+              num_generations=2, max_completion_length=6, learning_rate=1e-4, **COMMON)  # fmt: skip
+    kw.update(overrides)
+    return GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**kw),
+                       train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
+                       processing_class=tiny_tokenizer())  # fmt: skip
+
+
+def test_grpo_trainer_through_opcontract(chunked_calls, tmp_path):
+    """TRL's defaults (bf16 autocast, gradient checkpointing), and a reference model (beta >
+    0) that accelerate prepared at init. float32: test_grpo_trainer_rollout_logprobs_..."""
+    bf16 = True
+    model = tiny_muse_glimmer(eos_token_id=EOS)
+    model.save_pretrained(tmp_path)  # beta > 0: GRPO loads a reference model from the path
+    model.config._name_or_path = str(tmp_path)
+    apply_opcontract(model, backend="torch")
+    trainer = grpo_trainer(model, bf16=bf16, beta=0.04)
+    assert trainer.ref_model is not None
+    oc_trl.enable(trainer, backend="torch")
+    assert is_patched(trainer.ref_model) and oc_trl.is_enabled(trainer.ref_model)
+    seen = record_fused_calls(model, bf16)
+    seen_ref = record_fused_calls(trainer.ref_model, bf16)
+    trainer.train()
+    assert chunked_calls == []
+    check_fused_calls(seen, top1=False)
+    check_fused_calls(seen_ref, top1=False)
+    masks = [s["out"].label_mask for s in seen]
+    # the rollouts were left-padded prompts of mixed lengths; only completions are scored
+    ids_mask = [s["keep"] for s in seen]
+    assert all(m.shape[0] == 8 for m in masks) and any(bool((~m).any()) for m in ids_mask)
+    assert all(s["out"].entropy is not None for s in seen)  # GRPO's policy asks for entropy
+    assert all(s["out"].entropy is None for s in seen_ref)
+    assert trainer.state.log_history[0]["reward_std"] > 0  # a step with a gradient
+
+
+def test_grpo_trainer_rollout_logprobs_equal_the_trainers():
+    """The completions the GRPO trainer sampled, replayed through generate_with_logprobs
+    (each step forced to the trainer's token): the rollout's log-probs equal the trainer's
+    log_probs bitwise."""
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    trainer = grpo_trainer(model, bf16=False)
+    oc_trl.enable(trainer, backend="torch")
+    seen = []
+
+    def hook(module, args, kwargs, out):
+        if kwargs.get("fused_lm_head"):
+            module.eval()  # generation in eval mode, as the trainer generates
+            try:  # the weights the trainer used, before its optimizer step
+                ro = _forced_rollout(module, kwargs)
+            finally:
+                module.train()
+            seen.append((kwargs["input_ids"], kwargs["labels"], out.log_probs.detach(), ro))
+
+    model.register_forward_hook(hook, with_kwargs=True)
+    trainer.train()
+    assert seen
+    for ids, labels, lp, ro in seen:
+        P = ids.shape[1] - ro.logprobs.shape[1]
+        scored = labels[:, 1:] != -100
+        assert bool(scored[:, P - 1 :].any())
+        got = lp[:, P - 1 :]
+        real = scored[:, P - 1 :]
+        assert torch.equal(ro.sequences, ids)
+        assert torch.equal(got[real], ro.logprobs[real])
+
+
+def _forced_rollout(model, kwargs):
+    """generate_with_logprobs from the trainer's prompt part, each new token forced to the
+    trainer's completion token (a logits processor: the recorded log-prob is the model's)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    ids, mask, labels = kwargs["input_ids"], kwargs["attention_mask"], kwargs["labels"]
+    first = int((labels != -100).int().argmax(dim=1).min())  # the completions' first column
+    prompt, pmask = ids[:, :first], mask[:, :first]
+    target = ids[:, first:]
+
+    class Force(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            t = target[:, input_ids.shape[1] - first]
+            forced = torch.full_like(scores, -float("inf"))
+            return forced.scatter(1, t[:, None], 0.0)
+
+    return generate_with_logprobs(
+        model, prompt, pmask, max_new_tokens=target.shape[1], min_new_tokens=target.shape[1],
+        do_sample=False, logits_processor=LogitsProcessorList([Force()]), eos_token_id=None,
+    )  # fmt: skip
+
+
+def test_enable_refuses_a_temperature_and_changes_nothing():
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    trainer = grpo_trainer(model, temperature=0.7)
+    trls = model.forward
+    with pytest.raises(OpcontractPatchError, match="temperature=0.7"):
+        oc_trl.enable(trainer)
+    assert model.forward is trls and not oc_trl.is_enabled(model)
+
+
+def test_enable_patches_an_unpatched_model_and_is_idempotent(chunked_calls):
+    model = tiny_muse_glimmer(eos_token_id=EOS)
+    trainer = sft_trainer(model, bf16=False)
+    oc_trl.enable(trainer, backend="torch")
+    assert is_patched(model) and oc_trl.is_enabled(model)
+    head = model.forward
+    assert oc_trl.enable(trainer) is trainer and model.forward is head
+    ids, mask = left_padded([3, 5])
+    labels = ids.masked_fill(mask == 0, -100)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    assert torch.equal(out.log_probs, token_logprobs(model, ids, mask).masked_fill(
+        labels[:, 1:] == -100, 0.0))  # fmt: skip
+    assert chunked_calls == []
+
+
+def test_enable_refuses_outputs_it_does_not_serve_and_changes_nothing():
+    """A trainer whose fused head was asked for TRL's mean_logits (DPO-style metrics)."""
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    trainer = sft_trainer(model, bf16=False)
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "mean_logits"))
+    trls = model.forward
+    with pytest.raises(OpcontractPatchError, match="mean_logits"):
+        oc_trl.enable(trainer)
+    assert model.forward is trls and not oc_trl.is_enabled(model)
