@@ -10,9 +10,19 @@ from opcontract.backends.triton import softcap_logprob as slp
 CONFIG_SPACE = {k: v for k, v in slp.CONFIG_SPACE.items() if k not in slp.BACKWARD_ONLY}
 
 
+# Storing z stages the [block_t, 128] float32 tile through shared memory: compiled for sm_90,
+# the TMA kernel needs 262168 bytes at 128 rows and 3 stages (the limit is 232448), 196624 at
+# 2 stages, 180248 at 64 rows and 3. Stages never move a bit (a free parameter the tuner
+# verifies).
+MAX_STAGES_128_ROWS = 2
+
+
 def default_config(dtype: str, T: int | None = None) -> dict:
-    """softcap_logprob's canonical forward config for this dtype and T's bucket."""
+    """softcap_logprob's canonical forward config for this dtype and T's bucket, with at most
+    two stages at 128-row tiles (what fits beside the z tile)."""
     cfg = slp.default_config(dtype, T)
+    if cfg["block_t"] >= 128:
+        cfg["num_stages"] = min(cfg["num_stages"], MAX_STAGES_128_ROWS)
     return {k: v for k, v in cfg.items() if k not in slp.BACKWARD_ONLY}
 
 
