@@ -1,7 +1,9 @@
-"""Plot benchmarks/results/attention_h200.json: training TFLOP/s and decode bandwidth (as a
-fraction of the copy rate) per provider.
+"""Plot attention results: training TFLOP/s and decode bandwidth (as a fraction of the copy
+rate) per provider. With several result files, a later file's rows replace an earlier one's
+for the providers it has; a provider only an earlier file has (FA4) is kept from it.
 
-python benchmarks/plot_attention.py benchmarks/results/attention_h200.json docs/attention_h200.png
+python benchmarks/plot_attention.py benchmarks/results/attention_h200.json \
+    benchmarks/results/attention_train_decode_h200.json docs/attention_h200.png
 """
 
 from __future__ import annotations
@@ -16,8 +18,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(src: str, dst: str) -> int:
-    data = json.loads(open(src).read())
+def _merged(srcs: list[str]) -> dict:
+    data: dict = {"train": [], "decode": []}
+    for src in srcs:
+        d = json.loads(open(src).read())
+        for part in ("train", "decode"):
+            rows = [r for r in d.get(part, []) if isinstance(r, dict)]
+            mine = {r["provider"] for r in rows}
+            data[part] = [r for r in data[part] if r["provider"] not in mine] + rows
+        data["env"] = d["env"]
+    return data
+
+
+def main(*paths: str) -> int:
+    *srcs, dst = paths
+    data = _merged(srcs)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for ax, mode in zip(axes[:2], ("forward", "forward+backward"), strict=True):
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -59,4 +74,4 @@ def main(src: str, dst: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:]))
