@@ -1,0 +1,110 @@
+"""Training and decode throughput of Muse Glimmer at real width in HF transformers, stock
+(sdpa) and patched (``apply_opcontract``, default dispatch), on the GPU.
+
+    python benchmarks/hf_throughput_gpu.py --out results.json [--layers 4]
+
+Training: one sequence of T tokens, ``model(input_ids, labels=input_ids)`` then
+``loss.backward()`` (no optimizer step), median of 3 timed steps after one warm-up; tokens/s
+and the peak memory allocated during a step. Decode: ``generate`` of 32 new tokens (greedy,
+the model's own KV cache: stock DynamicCache, patched OpcontractKVCache) after a prompt of
+128 tokens, eager; generated tokens/s over the whole call (prefill included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from hf_train_rollout_gpu import make_model  # noqa: E402
+
+
+def train_row(model, T: int, vocab: int) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(T)
+    ids = torch.randint(3, vocab, (1, T), device="cuda", generator=g)
+    model.zero_grad(set_to_none=True)
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    s = statistics.median(times)
+    return dict(mode="train", T=T, seconds=s, tokens_per_s=T / s,
+                peak_gb=(torch.cuda.max_memory_allocated() - base) / 1e9)  # fmt: skip
+
+
+def decode_row(model, B: int, vocab: int, new: int = 32) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(B)
+    ids = torch.randint(3, vocab, (B, 128), device="cuda", generator=g)
+    mask = torch.ones_like(ids)
+    kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    with torch.no_grad():
+        model.generate(ids, **kw)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            model.generate(ids, **kw)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    s = min(times)
+    return dict(mode="decode", B=B, new_tokens=new, seconds=s, tokens_per_s=B * new / s)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--train", default="4096,8192")
+    ap.add_argument("--decode", default="1,16")
+    a = ap.parse_args()
+    import transformers
+
+    from opcontract.integrations.transformers import apply_opcontract
+
+    payload = {"benchmark": "hf_throughput_gpu", "env": common.env_stamp(),
+               "transformers": transformers.__version__, "layers": a.layers,
+               "rows": []}  # fmt: skip
+    model = make_model(a.layers).train()
+    vocab = model.config.text_config.vocab_size
+    for patched in (False, True):
+        if patched:
+            apply_opcontract(model)
+        cases = [("train", int(t)) for t in a.train.split(",")]
+        cases += [("decode", int(b)) for b in a.decode.split(",")]
+        for mode, n in cases:
+            try:
+                if mode == "train":
+                    model.train()
+                    row = train_row(model, n, vocab)
+                else:
+                    model.eval()
+                    row = decode_row(model, n, vocab)
+            except Exception as e:  # noqa: BLE001
+                row = dict(mode=mode, n=n, error=f"{type(e).__name__}: {e}"[:600])
+            row["provider"] = "opcontract" if patched else "stock (sdpa)"
+            payload["rows"].append(row)
+            print(row, flush=True)
+            common.write(a.out, payload)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
