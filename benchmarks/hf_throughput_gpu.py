@@ -87,8 +87,8 @@ def main() -> None:
     for patched in (False, True):
         if patched:
             apply_opcontract(model)
-        cases = [("train", int(t)) for t in a.train.split(",")]
-        cases += [("decode", int(b)) for b in a.decode.split(",")]
+        cases = [("train", int(t)) for t in a.train.split(",") if t]
+        cases += [("decode", int(b)) for b in a.decode.split(",") if b]
         for mode, n in cases:
             try:
                 if mode == "train":

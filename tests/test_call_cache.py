@@ -131,3 +131,30 @@ def test_simulated_calls_bypass_the_memo():
         r = dispatch.explain("softcap_logprob", h, w, t)
     assert r.device.startswith("simulated GPU")
     assert call_cache.key(("x", None, "strict", ""), (object(),), {}) is None
+
+
+def test_module_parameters_take_the_memo_and_the_eager_fast_path(monkeypatch):
+    """A model's weights are nn.Parameter: a repeated call binds once and, without grad,
+    skips the library op, as with plain tensors (and gives the same bits)."""
+    from opcontract.dispatch import shell
+
+    calls = _spy(monkeypatch)
+    library = []
+    real = shell.OpShell.call_forward
+
+    def counting(self, *a, **k):
+        library.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(shell.OpShell, "call_forward", counting)
+    h, _, _ = head_inputs()
+    w = torch.nn.Parameter(torch.randn(h.shape[1]))
+    f = dispatch.op("rms_norm")
+    with torch.no_grad():
+        first = f(h, w, variant="plain", eps=1e-5)
+        for _ in range(3):
+            assert torch.equal(f(h, w, variant="plain", eps=1e-5), first)
+    assert len(calls) == 1 and not library
+    assert torch.equal(f(h, w.detach(), variant="plain", eps=1e-5), first)
+    out = f(h, w, variant="plain", eps=1e-5)  # grad on: the library op, autograd recorded
+    assert library and out.requires_grad and torch.equal(out.detach(), first)

@@ -43,7 +43,9 @@ class CachedCall:
 
 
 _SCALAR_TYPES = frozenset(_SCALARS)
-_Tensor = torch.Tensor
+# plain tensors and nn.Parameter (a subclass that only marks a module's weights: it
+# overrides no torch function), which every model's weights are
+TENSOR_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def key(route: tuple, args: tuple, kwargs: dict) -> tuple | None:
@@ -51,14 +53,14 @@ def key(route: tuple, args: tuple, kwargs: dict) -> tuple | None:
     can't be part of one. Tensors enter by shape, dtype and device; scalars by type and value."""
     sig = []
     for a in args:
-        if type(a) is _Tensor:
+        if type(a) in TENSOR_TYPES:
             sig.append((a.shape, a.dtype, a.device))
         elif type(a) in _SCALAR_TYPES:
             sig.append((type(a), a))
         else:
             return None  # not memoised: the slow path validates it
     for k, v in kwargs.items():
-        if type(v) is _Tensor:
+        if type(v) in TENSOR_TYPES:
             sig.append((k, v.shape, v.dtype, v.device))
         elif type(v) in _SCALAR_TYPES:
             sig.append((k, type(v), v))

@@ -43,14 +43,15 @@ _SCHEMA_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 
 def bypass_op(*tensors: torch.Tensor | None) -> bool:
     """True when no autograd graph is being built, nothing traces the call, no dispatch
-    mode or tensor subclass is in play: then the library op may be skipped."""
+    mode or tensor subclass is in play (nn.Parameter, which overrides nothing, is not
+    one): then the library op may be skipped."""
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
         if t is None:
             continue
-        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+        if type(t) not in call_cache.TENSOR_TYPES or (grad and t.requires_grad):
             return False
     return True
 

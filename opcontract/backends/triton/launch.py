@@ -26,7 +26,7 @@ from opcontract.backends.triton import LAUNCH, interpreting
 _PLANS: dict[int, tuple] = {}
 _COMPILED: dict[tuple, tuple[Any, Any, tuple]] = {}
 _MAX = 4096
-_Tensor = torch.Tensor
+_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def _plan(kernel) -> tuple[tuple[str, ...], frozenset[str], tuple[bool, ...], dict[str, Any]]:
@@ -54,7 +54,7 @@ def _key(kernel, device: int, args: tuple, meta: dict) -> tuple:
         tuple(meta.items()),
         *[
             (a.dtype, a.data_ptr() & 15 == 0)
-            if type(a) is _Tensor
+            if type(a) in _TENSORS
             else float
             if type(a) is float
             else (type(a), a)
