@@ -55,7 +55,9 @@ def gpu_us(fn) -> float | None:
         return None
 
 
-def cases():
+def cases(parameters: bool = False):
+    """The calls and their torch peers; ``parameters``: the weights as nn.Parameter, as a
+    model holds them (requires_grad, under no_grad as a decode step runs)."""
     dev, dt = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -67,6 +69,8 @@ def cases():
     gate, up = randn(1, INTER), randn(1, INTER)
     wq = randn(Q, H) / 80
     wqkvg, wo = randn(8704, H) / 80, randn(H, Q) / 64  # the grouped q/k/v/gate and o_proj
+    if parameters:
+        w, wq, wqkvg, wo = (torch.nn.Parameter(t) for t in (w, wq, wqkvg, wo))
     rms, add_norm = dispatch.op("rms_norm"), dispatch.op("fused_add_rms_norm")
     swiglu, gemm = dispatch.op("swiglu"), dispatch.op("dense_gemm")
     F = torch.nn.functional
@@ -160,14 +164,17 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--layers", action="store_true", help="also take rms_norm T=1 apart")
+    ap.add_argument("--parameters", action="store_true",
+                    help="weights as nn.Parameter (a model's), not plain tensors")  # fmt: skip
     args = ap.parse_args()
     rows = []
     with torch.no_grad():
-        for name, (ours, peer, peer_name) in cases().items():
+        for name, (ours, peer, peer_name) in cases(args.parameters).items():
             ours()
             row = {
                 "op": name,
                 "label": args.label,
+                "weights": "nn.Parameter" if args.parameters else "tensor",
                 "opcontract_host_us": host_us(ours, args.n, args.rounds),
                 "peer": peer_name,
                 "peer_host_us": host_us(peer, args.n, args.rounds),
