@@ -125,9 +125,24 @@ class PagedKVCache:
         self.k = torch.zeros(pages * BLOCK, kv_heads, head_dim, dtype=dtype, device=self.device)
         self.v = torch.zeros_like(self.k)
         self.free = list(range(pages))[::-1]
-        self.table = torch.full((sequences, 1), -1, dtype=torch.int64)  # host copy
-        self.lengths = torch.zeros(sequences, dtype=torch.int64)
+        # host bookkeeping in Python lists (a tensor element access per token costs
+        # microseconds): each sequence's first store row per key block (-1: absent), its
+        # length, and its lowest block not yet evicted
+        self._rows: list[list[int]] = [[-1] for _ in range(sequences)]
+        self._len: list[int] = [0] * sequences
+        self._low: list[int] = [0] * sequences
         self.pages_evicted = 0
+
+    @property
+    def table(self) -> torch.Tensor:
+        """[sequences, blocks] int64 (host): the first store row of each key block, -1 where
+        absent (not yet written, or evicted)."""
+        return torch.tensor(self._rows, dtype=torch.int64)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[sequences] int64 (host): how many positions of each sequence the cache holds."""
+        return torch.tensor(self._len, dtype=torch.int64)
 
     # -- bookkeeping (host side)
     def _check(self, seq, positions, k, v, q=None, gate=None) -> list[tuple[int, int, int]]:
@@ -166,10 +181,11 @@ class PagedKVCache:
         seqs, pos = seq.tolist(), positions.tolist()
         nxt = {}
         out = []
+        n_seq = len(self._len)
         for i, (s, p) in enumerate(zip(seqs, pos, strict=True)):
-            if not 0 <= s < self.lengths.shape[0]:
+            if not 0 <= s < n_seq:
                 raise ContractViolation("gated_attention", "seq", "cache.seq", f"no sequence {s}")
-            want = nxt.get(s, int(self.lengths[s]))
+            want = nxt.get(s, self._len[s])
             if p != want:
                 raise ContractViolation(
                     "gated_attention", "positions", "cache.positions",
@@ -180,9 +196,10 @@ class PagedKVCache:
         return out
 
     def _ensure(self, blocks_needed: int) -> None:
-        if self.table.shape[1] < blocks_needed:
-            more = torch.full((self.table.shape[0], blocks_needed - self.table.shape[1]), -1)
-            self.table = torch.cat([self.table, more], dim=1)
+        more = blocks_needed - len(self._rows[0])
+        if more > 0:
+            for r in self._rows:
+                r.extend([-1] * more)
 
     def _page(self) -> int:
         if not self.free:  # double the store (rows are addressed by offset: nothing moves)
@@ -201,28 +218,32 @@ class PagedKVCache:
         rows = []
         for _, s, p in tokens:
             b = p // BLOCK
-            if self.table[s, b] < 0:
-                self.table[s, b] = self._page() * BLOCK
-            rows.append(int(self.table[s, b]) + p % BLOCK)
+            blocks = self._rows[s]
+            if blocks[b] < 0:
+                blocks[b] = self._page() * BLOCK
+            rows.append(blocks[b] + p % BLOCK)
         if rows:
             idx = torch.tensor(rows, device=self.device)
             self.k.index_copy_(0, idx, k)
             self.v.index_copy_(0, idx, v)
         for _, s, p in tokens:
-            self.lengths[s] = max(int(self.lengths[s]), p + 1)
+            self._len[s] = max(self._len[s], p + 1)
 
     def evict(self) -> int:
         """Free the pages of a local layer that no later query can see; returns how many."""
         if self.layer != "local":
             return 0
         freed = 0
-        for s in range(self.table.shape[0]):
-            lowest = int(self.lengths[s]) - self.window + 1  # the next query's first key
-            for b in range(self.table.shape[1]):
-                if (b + 1) * BLOCK <= lowest and self.table[s, b] >= 0:
-                    self.free.append(int(self.table[s, b]) // BLOCK)
-                    self.table[s, b] = -1
+        for s, blocks in enumerate(self._rows):
+            lowest = self._len[s] - self.window + 1  # the next query's first key
+            b = self._low[s]  # every block below it is evicted already (lengths only grow)
+            while b < len(blocks) and (b + 1) * BLOCK <= lowest:
+                if blocks[b] >= 0:
+                    self.free.append(blocks[b] // BLOCK)
+                    blocks[b] = -1
                     freed += 1
+                b += 1
+            self._low[s] = b
         self.pages_evicted += freed
         return freed
 

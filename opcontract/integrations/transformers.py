@@ -110,6 +110,7 @@ class OpcontractKVCache(Cache):
         self.backend = backend
         self.paged: list[_attention.PagedKVCache | None] = [None] * len(self.kinds)
         self.columns = [0] * len(self.kinds)
+        self._tokens: tuple | None = None  # the last step's real tokens (see _real_tokens)
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -155,6 +156,20 @@ class OpcontractKVCache(Cache):
     def reset(self) -> None:
         self.paged = [None] * len(self.kinds)
         self.columns = [0] * len(self.kinds)
+        self._tokens = None
+
+    def _real_tokens(self, mask: torch.Tensor, seen: int, device: torch.device) -> tuple:
+        """(rows, positions) on the host and (rows, columns) on ``device`` of this step's real
+        tokens: computed once per step and mask, not once per layer (each costs the host a
+        wait for the GPU), reused while the same mask object comes with the same columns."""
+        hit = self._tokens
+        if hit is not None and hit[0] is mask and hit[1] == seen and hit[2] == device:
+            return hit[3]
+        pos = positions_from_mask(mask)[:, seen:]
+        rows, cols = (pos >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
+        found = (rows.cpu(), pos[rows, cols].cpu(), rows.to(device), cols.to(device))
+        self._tokens = (mask, seen, device, found)
+        return found
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         raise NotImplementedError("OpcontractKVCache: beam search is not supported")
@@ -175,7 +190,6 @@ class OpcontractKVCache(Cache):
                 f"OpcontractKVCache layer {layer_idx}: the attention mask is "
                 f"{tuple(mask.shape)}, expected [{B}, {seen} cached + {Lq} new columns]"
             )
-        pos = positions_from_mask(mask)[:, seen:]
         paged = self.paged[layer_idx]
         if paged is None:
             kind = self.kinds[layer_idx]
@@ -189,13 +203,10 @@ class OpcontractKVCache(Cache):
             raise ValueError(
                 f"OpcontractKVCache holds {paged.lengths.shape[0]} sequences, got a batch of {B}"
             )
-        rows, cols = (pos >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
+        rows, positions, r, c = self._real_tokens(mask, seen, q.device)
         out = q.new_zeros(q.shape)
         if rows.numel():
-            dev = q.device
-            r, c = rows.to(dev), cols.to(dev)
-            out[r, c] = paged.step(rows.cpu(), pos[rows, cols].cpu(), q[r, c], k[r, c],
-                                   v[r, c], gate[r, c])  # fmt: skip
+            out[r, c] = paged.step(rows, positions, q[r, c], k[r, c], v[r, c], gate[r, c])
         self.columns[layer_idx] = seen + Lq
         return out
 
