@@ -269,3 +269,30 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
                              k[r], v[r], gate[r])  # fmt: skip
             assert torch.equal(out, train[r]), (split, a, n)
             a += n
+
+
+def test_tiles_cut_each_run_of_a_sequence_into_tiles():
+    """The Triton plan's tile table (first row, tokens, sequence) against a plain walk over
+    the rows, on random sequence layouts (sorted and interleaved, empty, int32 and int64)."""
+    import random
+
+    from opcontract.backends.triton.gated_attention import tiles
+
+    def walk(s, per_tile):
+        out, i = [], 0
+        while i < len(s):
+            j = i
+            while j < len(s) and s[j] == s[i] and j - i < per_tile:
+                j += 1
+            out.append((i, j - i, s[i]))
+            i = j
+        return torch.tensor(out or [(0, 0, 0)], dtype=torch.int32)
+
+    rng = random.Random(0)
+    for _ in range(300):
+        s = [rng.randrange(5) for _ in range(rng.randrange(40))]
+        if rng.random() < 0.5:
+            s.sort()
+        seq = torch.tensor(s, dtype=rng.choice([torch.int32, torch.int64]))
+        per_tile = rng.choice([1, 2, 3, 8, 16])
+        assert torch.equal(tiles(seq, per_tile), walk(s, per_tile)), (s, per_tile)

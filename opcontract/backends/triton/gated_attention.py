@@ -22,17 +22,18 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 def tiles(seq: torch.Tensor, per_tile: int) -> torch.Tensor:
     """[n, 3] int32 (first row, tokens, sequence): each run of consecutive rows of one
-    sequence cut into tiles of ``per_tile`` tokens."""
-    s = seq.tolist()
-    out = []
-    i = 0
-    while i < len(s):
-        j = i
-        while j < len(s) and s[j] == s[i] and j - i < per_tile:
-            j += 1
-        out.append((i, j - i, s[i]))
-        i = j
-    return torch.tensor(out or [(0, 0, 0)], dtype=torch.int32, device=seq.device)
+    sequence cut into tiles of ``per_tile`` tokens. Computed where ``seq`` lives, with one
+    read back (how many tiles) instead of a Python pass over every row."""
+    T = seq.shape[0]
+    if T == 0:
+        return torch.zeros((1, 3), dtype=torch.int32, device=seq.device)
+    i = torch.arange(T, device=seq.device)
+    new_run = torch.ones(T, dtype=torch.bool, device=seq.device)
+    new_run[1:] = seq[1:] != seq[:-1]
+    run_start = torch.cummax(torch.where(new_run, i, 0), dim=0).values
+    first = ((i - run_start) % per_tile == 0).nonzero()[:, 0]
+    ends = torch.cat([first[1:], first.new_tensor([T])])
+    return torch.stack([first, ends - first, seq[first].long()], dim=1).to(torch.int32)
 
 
 CONFIG_SPACE = {
