@@ -50,13 +50,9 @@ def make_model(layers: int):
 
 
 def prompts(lengths, vocab: int):
-    g = torch.Generator().manual_seed(1)
-    L = max(lengths)
-    ids = torch.zeros(len(lengths), L, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        ids[b, L - n :] = torch.randint(3, vocab, (n,), generator=g)
-        mask[b, L - n :] = 1
+    from opcontract.integrations.tiny import left_padded
+
+    ids, mask = left_padded(list(lengths), vocab=vocab)  # seed 1: the prompts measured
     return ids.to(DEV), mask.to(DEV)
 
 
