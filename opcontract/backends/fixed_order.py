@@ -32,3 +32,15 @@ def tree_sum(x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         x = x[..., :half] + x[..., half:]
     return x[..., 0]
+
+
+def adjacent_tree_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over dim 0 (a power-of-two length) by adding neighbours: ``x[0::2] + x[1::2]``
+    each step. Every aligned run of 2**j entries is a subtree, so a rank holding a
+    contiguous share reduces it alone and the ranks' results finish the same tree."""
+    n = x.shape[0]
+    if n & (n - 1):
+        raise ValueError(f"adjacent_tree_sum needs a power-of-two length, got {n}")
+    while x.shape[0] > 1:
+        x = x[0::2] + x[1::2]
+    return x[0]

@@ -428,9 +428,8 @@ def plant(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     t = t.clone()
     for i, r in enumerate(rows):
         if r < t.shape[0]:
-            t[r].view(-1)[(7 * i + 1) % t[r].numel()] = (float("nan"), float("inf"), -float("inf"))[
-                i % 3
-            ]
+            at = torch.unravel_index(torch.tensor((7 * i + 1) % t[r].numel()), t[r].shape)
+            t[r][at] = (float("nan"), float("inf"), -float("inf"))[i % 3]  # any strides
     return t
 
 

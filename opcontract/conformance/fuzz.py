@@ -50,12 +50,16 @@ def mutated_call(c, rng: random.Random, device: str):
     random mutations."""
     case = c.conformance.cases[rng.randrange(len(c.conformance.cases))]
     sig = signature(c.op)
-    for _ in range(8):  # sizes that meet the contract's constraints, mostly
+    params0 = {**{n: p.default for n, p in c.params.items()}, **case.params}
+    for _ in range(32):  # sizes that meet the contract's constraints, mostly
         sizes = {
-            s: rng.choice([0, 1, 2, 3, 5, 7] if s == c.conformance.batch_dim else [1, 2, 3, 6, 9])
+            s: rng.choice(
+                [0, 1, 2, 3, 5, 7] if s == c.conformance.batch_dim else [1, 2, 3, 4, 6, 8, 9]
+            )
             for s in case.sizes
         }
-        if all(k.holds(**sizes) for k in sig.constraints if not k.when) and rng.random() < 0.9:
+        ok = all(k.holds(**sizes, **params0) for k in sig.constraints if not k.when)
+        if ok and rng.random() < 0.9:
             break
     if "G" in sizes and case.params.get("layout") == "packed":
         sizes["G"] *= 2

@@ -156,9 +156,12 @@ class EpilogueCast(_Strict):
 
 
 class Constraint(_Strict):
-    """A relation between shape symbols, checked on every call (``when`` params match)."""
+    """A relation between shape symbols (and int params), checked on every call (``when``
+    params match)."""
 
-    require: str = Field(description="Python expression over shape symbols, e.g. 'G % 2 == 0'")
+    require: str = Field(
+        description="Python expression over shape symbols and int params, e.g. 'G % 2 == 0'"
+    )
     argument: str
     message: str
     when: dict[str, list[str]] = Field(default_factory=dict)
@@ -547,7 +550,8 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
         except SyntaxError as e:
             out.append((("constraints", i, "require"), f"not an expression: {e.msg}"))
             continue
-        unknown = set(code.co_names) - symbols
+        ints = {n for n, p in c.params.items() if p.type == "int"}
+        unknown = set(code.co_names) - symbols - ints
         if unknown:
             out.append((("constraints", i, "require"), f"unknown symbols {sorted(unknown)}"))
         if k.argument not in c.inputs:

@@ -111,7 +111,7 @@ def signature(op: str) -> Signature:
         )
         for n, p in c.params.items()
     )
-    symbols = sorted(c.symbols())
+    symbols = sorted(c.symbols() | {n for n, p in c.params.items() if p.type == "int"})
     constraints = tuple(
         Constraint(
             holds=eval(f"lambda {', '.join(symbols)}, **_: ({k.require})", {"__builtins__": {}}),  # noqa: S307
@@ -375,7 +375,7 @@ def bind(sig: Signature, args: tuple, kwargs: dict) -> BoundCall:
             )
 
     for k in sig.constraints:
-        if all(params.get(p) in vals for p, vals in k.when) and not k.holds(**sizes):
+        if all(params.get(p) in vals for p, vals in k.when) and not k.holds(**sizes, **params):
             raise ContractViolation(op, k.argument, f"constraints[{k.index}]", k.message)
 
     dtype = dtypes[names[0]] if names[0] in dtypes else next(iter(dtypes.values()), "")
