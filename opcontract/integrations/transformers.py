@@ -276,8 +276,9 @@ def _gated_attention(
     mask = attention_mask
     if mask is None:
         mask = torch.ones(B, Lq, dtype=torch.bool, device=q.device)
-    out = _attention.padded(q, k, v, gate, mask, layer=kind, window=sliding_window,
-                            scale=scaling, backend=backend)  # fmt: skip
+    run = getattr(module, "_opcontract_attention", None) or _attention.padded  # TP replicas
+    out = run(q, k, v, gate, mask, layer=kind, window=sliding_window, scale=scaling,
+              backend=backend)  # fmt: skip
     return out, None
 
 

@@ -1,0 +1,161 @@
+"""Strict ``ParallelStyle``s: column- and row-parallel ``nn.Linear`` over ``segmented_gemm``.
+
+Both cut the sharded reduction into ``segments`` fixed parts (the largest tensor-parallel
+degree supported), so a rank of degree t reduces ``segments / t`` of them and the ranks'
+float32 partials finish the same adjacent-pair tree (``collectives``):
+
+- **column-parallel** (output features sharded, input replicated): the forward needs no
+  combine; the backward's dx sums over the sharded N, each rank's float32 partial over its
+  N segments, the partials tree-combined before the one rounding to the input dtype.
+- **row-parallel** (input features sharded): each rank's float32 subtree over its K
+  segments, the subtrees tree-combined, then the one rounding; the backward is local.
+
+Weights become DTensor parameters (``Shard(0)`` / ``Shard(1)``; ``Replicate()`` for rows a
+group of ranks shares, such as KV heads at a degree above their count). ``combine=
+"all_reduce"`` is the negative control: each rank's partial in the sequential order of
+``segments=1``, summed by the collective, as stock tensor parallelism does.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ParallelStyle
+
+from opcontract import dispatch
+from opcontract.parallel.collectives import (
+    Ranks,
+    all_reduce,
+    all_reduce_grad,
+    take_rows,
+    tree_combine,
+    tree_grad,
+)
+
+COMBINES = ("tree", "all_reduce")
+
+
+class ParallelPlanError(ValueError):
+    """A sharding the strict styles cannot serve (raised on every rank, before any collective
+    that could hang)."""
+
+
+def _param(t: torch.Tensor, mesh, placement) -> nn.Parameter:
+    if mesh is None:
+        return nn.Parameter(t)
+    return nn.Parameter(DTensor.from_local(t, mesh, [placement], run_check=False))
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _check_linear(module: nn.Module, where: str) -> None:
+    if not isinstance(module, nn.Linear):
+        raise ParallelPlanError(f"{where}: expected nn.Linear, got {type(module).__name__}")
+    if module.bias is not None:
+        raise ParallelPlanError(
+            f"{where}: a bias is not served (its gradient would sum rows in autograd's order)"
+        )
+
+
+class _Strict(ParallelStyle):
+    def __init__(self, *, segments: int = 8, combine: str = "tree", backend: str | None = None):
+        if segments < 1 or segments & (segments - 1):
+            raise ParallelPlanError(f"segments must be a power of two, got {segments}")
+        if combine not in COMBINES:
+            raise ParallelPlanError(f"combine must be one of {COMBINES}, got {combine!r}")
+        self.segments, self.combine, self.backend = segments, combine, backend
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(segments={self.segments}, combine={self.combine!r})"
+
+
+class StrictColwiseParallel(_Strict):
+    """Output features sharded over the mesh. ``shards`` (default: the degree) below the
+    degree replicates each block of rows over ``degree / shards`` ranks (the KV heads'
+    policy); the backward then takes one partial per block."""
+
+    def __init__(self, *, shards: int | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.shards = shards
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        _check_linear(module, "StrictColwiseParallel")
+        ranks = Ranks.of(device_mesh)
+        t, S = ranks.size, self.segments
+        shards = t if self.shards is None else min(t, self.shards)
+        N, K = module.weight.shape
+        if t % shards or N % S or S % shards:
+            raise ParallelPlanError(
+                f"column-parallel over {t} ranks in {shards} shards: the {N} output features "
+                f"must split into {S} segments, and {S} into the shards (and the shards into "
+                f"the ranks)"
+            )
+        block = ranks.rank * shards // t
+        owners = tuple(s * t // shards for s in range(shards))
+        lo, hi = block * (N // shards), (block + 1) * (N // shards)
+        full = module.weight.detach()
+        replicated = shards < t
+        if replicated:
+            module.weight = _param(full.clone(), device_mesh, Replicate())
+        else:
+            module.weight = _param(full[lo:hi].clone(), device_mesh, Shard(0))
+        op = dispatch.op("segmented_gemm", backend=self.backend)
+        grad_segments = S // shards if self.combine == "tree" else 1
+        combine = self.combine
+
+        def forward(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            w = _local(mod.weight)
+            if replicated:
+                w = take_rows(w, lo, hi, ranks, owners)
+            x32 = x.float()
+            if combine == "tree":
+                x32 = tree_grad(x32, ranks, owners)
+            else:
+                x32 = all_reduce_grad(x32, ranks)
+            acc = op(x32.reshape(-1, K), w.float(), grad_segments=grad_segments)
+            return acc.to(x.dtype).reshape(*x.shape[:-1], hi - lo)
+
+        module.forward = types.MethodType(forward, module)
+        module._opcontract_tp = dict(
+            style="colwise", shards=shards, rows=(lo, hi), segments=S, combine=combine
+        )
+        return module
+
+
+class StrictRowwiseParallel(_Strict):
+    """Input features sharded over the mesh (the input arrives sharded: the previous
+    column-parallel layer's output); the output replicated on every rank."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        _check_linear(module, "StrictRowwiseParallel")
+        ranks = Ranks.of(device_mesh)
+        t, S = ranks.size, self.segments
+        N, K = module.weight.shape
+        if K % S or S % t:
+            raise ParallelPlanError(
+                f"row-parallel over {t} ranks: the {K} input features must split into {S} "
+                f"segments, and {S} into the ranks"
+            )
+        cols = K // t
+        lo, hi = ranks.rank * cols, (ranks.rank + 1) * cols
+        module.weight = _param(module.weight.detach()[:, lo:hi].clone(), device_mesh, Shard(1))
+        op = dispatch.op("segmented_gemm", backend=self.backend)
+        combine = self.combine
+
+        def forward(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            w = _local(mod.weight)
+            flat = x.reshape(-1, cols)
+            if combine == "tree":
+                acc = tree_combine(op(flat, w, segments=S // t), ranks)
+            else:
+                acc = all_reduce(op(flat, w), ranks)
+            return acc.to(x.dtype).reshape(*x.shape[:-1], N)
+
+        module.forward = types.MethodType(forward, module)
+        module._opcontract_tp = dict(style="rowwise", cols=(lo, hi), segments=S, combine=combine)
+        return module
