@@ -4,44 +4,25 @@ bitwise; the collective's own all-reduce as the negative control."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytest.importorskip("transformers")
-sys.path.insert(0, os.path.dirname(__file__))
-import tp_worker  # noqa: E402
+from opcontract.parallel import selfcheck  # noqa: E402
+from opcontract.parallel.selfcheck import mismatches  # noqa: E402
 
 
 def run(world: int, tmp_path, dtype=torch.float32, **kw) -> list[dict]:
-    init, out = str(tmp_path / "init"), str(tmp_path / "out")
-    mp.spawn(tp_worker.worker, args=(world, init, out, dtype, kw), nprocs=world, join=True)
-    results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
+    results = selfcheck.run(world, str(tmp_path), dtype, **kw)
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise AssertionError(f"ranks failed: {errors}")
     return results
 
 
-def mismatches(a: dict, b: dict) -> dict[str, int]:
-    """Elements that differ, per compared tensor (absent: equal)."""
-    out = {}
-    for key in ("loss", "logprobs"):
-        if not torch.equal(a[key], b[key]):
-            out[key] = int((a[key] != b[key]).sum())
-    assert a["grads"].keys() == b["grads"].keys()
-    for n in a["grads"]:
-        if not torch.equal(a["grads"][n], b["grads"][n]):
-            out[n] = int((a["grads"][n] != b["grads"][n]).sum())
-    return out
-
-
 @pytest.fixture(scope="module")
 def one_rank():
-    return {dt: tp_worker.step(None, dt) for dt in (torch.float32, torch.bfloat16)}
+    return {dt: selfcheck.step(None, dt) for dt in (torch.float32, torch.bfloat16)}
 
 
 @pytest.mark.parametrize("world, kv_policy", [(2, "split"), (4, "replicate")])
@@ -66,16 +47,14 @@ def test_tp_degree_gives_the_one_rank_bits(world, kv_policy, dtype, one_rank, tm
 def test_all_reduce_control_differs(tmp_path):
     """Stock tensor parallelism (each rank's partial in sequential order, summed by the
     collective) against the unsharded patched model: the bits move."""
-    ref = tp_worker.step(None, torch.float32, shard=False)
+    ref = selfcheck.step(None, torch.float32, shard=False)
     res = run(2, tmp_path, torch.float32, combine="all_reduce")[0]
     bad = mismatches(res, ref)
     assert "logprobs" in bad and any(k.endswith("o_proj.weight") for k in bad), bad
 
 
 def _errors(world, tmp_path, **kw) -> list[str]:
-    init, out = str(tmp_path / "init"), str(tmp_path / "out")
-    mp.spawn(tp_worker.worker, args=(world, init, out, torch.float32, kw), nprocs=world)
-    return [torch.load(f"{out}.{r}", weights_only=False).get("error", "") for r in range(world)]
+    return [r.get("error", "") for r in selfcheck.run(world, str(tmp_path), **kw)]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,54 @@
+"""Tensor-parallel invariance on gloo CPU processes: one training step of the tiny random
+Muse Glimmer (the real layer schedule) at TP 1, 2 and 4, strict styles and the stock
+all-reduce control, mismatch counts against one rank, and the step time.
+
+    python benchmarks/tp_invariance_cpu.py --out benchmarks/results/tp_invariance_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from opcontract.parallel import selfcheck  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        tree1 = selfcheck.step(None, dtype)
+        plain = selfcheck.step(None, dtype, shard=False)
+        moved = sum(selfcheck.mismatches(tree1, plain).values())
+        rows.append(dict(dtype=str(dtype), degree=1, form="segmented tree (one rank)",
+                         seconds=tree1["seconds"], plain_seconds=plain["seconds"],
+                         mismatches_vs_plain=moved))  # fmt: skip
+        for world, kw in ((2, {}), (4, {"kv_policy": "replicate"}), (2, {"combine": "all_reduce"})):
+            with tempfile.TemporaryDirectory() as d:
+                res = selfcheck.run(world, d, dtype, **kw)
+            ref = plain if kw.get("combine") == "all_reduce" else tree1
+            per_rank = [selfcheck.mismatches(r, ref) for r in res]
+            rows.append(dict(
+                dtype=str(dtype), degree=world, form=kw.get("combine", "tree"),
+                kv_policy=kw.get("kv_policy", "split"),
+                compared_with="unsharded patched model" if ref is plain else "one-rank tree",
+                tensors=2 + len(ref["grads"]),
+                mismatched_tensors=[len(m) for m in per_rank],
+                mismatched_elements=[sum(m.values()) for m in per_rank],
+                seconds=[r["seconds"] for r in res],
+            ))  # fmt: skip
+            print(rows[-1], flush=True)
+    common.write(args.out, dict(benchmark="tp_invariance_cpu", env=common.env_stamp(), rows=rows))
+
+
+if __name__ == "__main__":
+    main()
