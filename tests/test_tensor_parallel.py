@@ -41,6 +41,9 @@ def test_tp_degree_gives_the_one_rank_bits(world, kv_policy, dtype, one_rank, tm
         assert shapes["model.language_model.layers.0.mlp.down_proj.weight"] == (32, 48 // world)
         kv = (16 // world, 32) if kv_policy == "split" else (16, 32)  # replicate: both heads
         assert shapes["model.language_model.layers.0.self_attn.k_proj.weight"] == kv
+        size = -(-97 // world)  # the vocabulary's rows in torch.chunk sizes
+        rows = min(97, (r + 1) * size) - min(97, r * size)
+        assert shapes["model.language_model.embed_tokens.weight"] == (rows, 32)
         assert p["kv_replica_group"] == ([r] if world <= 2 else [r // 2 * 2, r // 2 * 2 + 1])
 
 

@@ -11,12 +11,14 @@ from opcontract.parallel.styles import (
     ParallelPlanError,
     StrictColwiseParallel,
     StrictRowwiseParallel,
+    StrictVocabParallelEmbedding,
 )
 
 __all__ = [
     "ParallelPlanError",
     "StrictColwiseParallel",
     "StrictRowwiseParallel",
+    "StrictVocabParallelEmbedding",
     "parallelize_muse_glimmer",
     "provenance",
     "tp_plan",

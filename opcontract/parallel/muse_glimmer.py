@@ -1,9 +1,10 @@
 """Muse Glimmer's tensor-parallel plan on the strict styles, with its checks and provenance.
 
 The plan is transformers' ``base_model_tp_plan`` (and TorchTitan's): q/k/v/gate column-wise,
-o row-wise, the MLP's gate/up column-wise and down row-wise; norms, embedding and LM head
-replicated. KV heads split while the degree divides them; above their count the
-``replicate`` policy gives each replica group one KV head (``opcontract.parallel.attention``).
+o row-wise, the MLP's gate/up column-wise and down row-wise, the embedding's table
+vocabulary-parallel; norms and the LM head replicated. KV heads split while the degree
+divides them; above their count the ``replicate`` policy gives each replica group one KV
+head (``opcontract.parallel.attention``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from opcontract.parallel.styles import (
     ParallelPlanError,
     StrictColwiseParallel,
     StrictRowwiseParallel,
+    StrictVocabParallelEmbedding,
 )
 
 KV_POLICIES = ("split", "replicate")
@@ -39,6 +41,7 @@ def tp_plan(*, segments: int = 8, kv_shards: int | None = None, combine: str = "
     kv = StrictColwiseParallel(shards=kv_shards, **kw)
     a, m = f"{LAYERS}.*.self_attn", f"{LAYERS}.*.mlp"
     return {
+        "model.language_model.embed_tokens": StrictVocabParallelEmbedding(backend=backend),
         f"{a}.q_proj": col, f"{a}.k_proj": kv, f"{a}.v_proj": kv, f"{a}.gate_proj": col,
         f"{a}.o_proj": row, f"{m}.gate_proj": col, f"{m}.up_proj": col, f"{m}.down_proj": row,
     }  # fmt: skip

@@ -50,11 +50,11 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, **kw) -> dict:
     grads = {
         n: _full(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None
     }
-    local = {  # what this rank holds of three sharded weights
+    local = {  # what this rank holds of four sharded weights
         n: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
         for n, p in model.named_parameters()
         if n.endswith(("layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-                       "layers.0.mlp.down_proj.weight"))
+                       "layers.0.mlp.down_proj.weight", "embed_tokens.weight"))
     }  # fmt: skip
     return dict(loss=loss.detach(), logprobs=lp.detach(), grads=grads, provenance=prov,
                 local_shapes=local, seconds=seconds)  # fmt: skip

@@ -30,6 +30,7 @@ from opcontract.parallel.collectives import (
     Ranks,
     all_reduce,
     all_reduce_grad,
+    gather_partials,
     take_rows,
     tree_combine,
     tree_grad,
@@ -43,10 +44,11 @@ class ParallelPlanError(ValueError):
     that could hang)."""
 
 
-def _param(t: torch.Tensor, mesh, placement) -> nn.Parameter:
+def _param(t: torch.Tensor, mesh, placement, full: torch.Tensor | None = None) -> nn.Parameter:
     if mesh is None:
         return nn.Parameter(t)
-    return nn.Parameter(DTensor.from_local(t, mesh, [placement], run_check=False))
+    kw = {} if full is None else dict(shape=full.shape, stride=full.stride())  # uneven shards
+    return nn.Parameter(DTensor.from_local(t, mesh, [placement], run_check=False, **kw))
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -158,4 +160,52 @@ class StrictRowwiseParallel(_Strict):
 
         module.forward = types.MethodType(forward, module)
         module._opcontract_tp = dict(style="rowwise", cols=(lo, hi), segments=S, combine=combine)
+        return module
+
+
+class StrictVocabParallelEmbedding(ParallelStyle):
+    """Muse Glimmer's normalized embedding with its table's rows sharded (``torch.chunk``
+    sizes, so any vocabulary). Each rank looks up the tokens it owns through
+    ``normalized_embedding`` (a row's gradient then sums the same tokens in the same order as
+    on one rank), the ranks' rows are gathered and each token takes its owner's: no add."""
+
+    def __init__(self, *, backend: str | None = None) -> None:
+        self.backend = backend
+
+    def __repr__(self) -> str:
+        return "StrictVocabParallelEmbedding()"
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        if not isinstance(module, nn.Embedding) or not hasattr(module, "embed_norm"):
+            raise ParallelPlanError(
+                f"StrictVocabParallelEmbedding: expected Muse Glimmer's normalized embedding, "
+                f"got {type(module).__name__}"
+            )
+        ranks = Ranks.of(device_mesh)
+        full = module.weight.detach()
+        V, H = full.shape
+        size = -(-V // ranks.size)
+        lo, hi = min(V, ranks.rank * size), min(V, (ranks.rank + 1) * size)
+        module.weight = _param(full[lo:hi].clone(), device_mesh, Shard(0), full)
+        op = dispatch.op("normalized_embedding", backend=self.backend)
+
+        def forward(mod: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+            flat = input_ids.reshape(-1)
+            bad = (flat < 0) | (flat >= V)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"input_ids: {int(bad.sum())} ids outside the vocabulary [0, {V}), e.g. "
+                    f"{int(flat[bad][0])}"
+                )
+            idx = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
+            mine = op(flat[idx] - lo, _local(mod.weight), eps=mod.embed_norm.eps)
+            rows = mine.new_zeros(flat.shape[0], H).index_put((idx,), mine)
+            y = gather_partials(rows, ranks)[flat // size, torch.arange(flat.shape[0])]
+            if mod.padding_idx is not None and torch.is_grad_enabled() and y.requires_grad:
+                pad = (flat == mod.padding_idx)[:, None]  # as the unsharded patch: no gradient
+                y = torch.where(pad, y.detach(), y)
+            return y.reshape(*input_ids.shape, H)
+
+        module.forward = types.MethodType(forward, module)
+        module._opcontract_tp = dict(style="vocab_embedding", rows=(lo, hi))
         return module
