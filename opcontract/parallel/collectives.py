@@ -71,25 +71,6 @@ def tree_combine(t: torch.Tensor, ranks: Ranks, owners: tuple[int, ...] | None =
     return adjacent_tree_sum(parts)
 
 
-class _TreeGrad(torch.autograd.Function):
-    """Identity forward; backward: the ranks' input-gradient partials, tree-combined."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, ranks: Ranks, owners: tuple[int, ...]) -> torch.Tensor:
-        ctx.ranks, ctx.owners = ranks, owners
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        parts = _all_gather(g, ctx.ranks)
-        return adjacent_tree_sum(torch.stack([parts[r] for r in ctx.owners])), None, None
-
-
-def tree_grad(x: torch.Tensor, ranks: Ranks, owners: tuple[int, ...]) -> torch.Tensor:
-    """``x`` unchanged; its gradient the tree of the ``owners``' float32 partials."""
-    return _TreeGrad.apply(x, ranks, owners)
-
-
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, ranks: Ranks) -> torch.Tensor:
@@ -103,28 +84,9 @@ class _AllReduce(torch.autograd.Function):
         return g, None
 
 
-class _AllReduceGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, ranks: Ranks) -> torch.Tensor:
-        ctx.ranks = ranks
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        g = g.clone()
-        if ctx.ranks.group is not None:
-            dist.all_reduce(g, group=ctx.ranks.group)
-        return g, None
-
-
 def all_reduce(t: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """The negative control: the collective's own sum (backward: identity)."""
     return _AllReduce.apply(t, ranks)
-
-
-def all_reduce_grad(x: torch.Tensor, ranks: Ranks) -> torch.Tensor:
-    """The negative control: identity forward, the gradient summed by the collective."""
-    return _AllReduceGrad.apply(x, ranks)
 
 
 class _TakeRows(torch.autograd.Function):

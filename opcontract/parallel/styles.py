@@ -26,14 +26,14 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from opcontract import dispatch
+from opcontract.backends.fixed_order import adjacent_tree_sum
 from opcontract.parallel.collectives import (
     Ranks,
+    _all_gather,
     all_reduce,
-    all_reduce_grad,
     gather_partials,
     take_rows,
     tree_combine,
-    tree_grad,
 )
 
 COMBINES = ("tree", "all_reduce")
@@ -76,6 +76,38 @@ class _Strict(ParallelStyle):
         return f"{type(self).__name__}(segments={self.segments}, combine={self.combine!r})"
 
 
+class _ColwiseGemm(torch.autograd.Function):
+    """y = x @ w.T in the input dtype (the rank's output columns). Backward: the rank's dx
+    partial over its N segments (``segmented_gemm`` of dy and w.T, float32), the owners'
+    partials tree-combined, then the one rounding; dw = dy.T @ x, local."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, how: tuple) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.how = how
+        with torch.no_grad():
+            return how[0](x, w).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        op, ranks, owners, segments, combine = ctx.how
+        dy = dy.to(x.dtype).contiguous()
+        dx = dw = None
+        with torch.no_grad():
+            if ctx.needs_input_grad[0]:
+                part = op(dy, w.T, segments=segments)  # float32 [M, K], over this rank's N
+                if combine == "tree":
+                    parts = _all_gather(part, ranks)
+                    dx = adjacent_tree_sum(torch.stack([parts[r] for r in owners]))
+                else:
+                    dx = all_reduce(part, ranks)
+                dx = dx.to(x.dtype)
+            if ctx.needs_input_grad[1]:
+                dw = op(dy.T, x.T).to(w.dtype)
+        return dx, dw, None
+
+
 class StrictColwiseParallel(_Strict):
     """Output features sharded over the mesh. ``shards`` (default: the degree) below the
     degree replicates each block of rows over ``degree / shards`` ranks (the KV heads'
@@ -107,24 +139,18 @@ class StrictColwiseParallel(_Strict):
         else:
             module.weight = _param(full[lo:hi].clone(), device_mesh, Shard(0))
         op = dispatch.op("segmented_gemm", backend=self.backend)
-        grad_segments = S // shards if self.combine == "tree" else 1
-        combine = self.combine
+        how = (op, ranks, owners, S // shards if self.combine == "tree" else 1, self.combine)
 
         def forward(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
             w = _local(mod.weight)
             if replicated:
                 w = take_rows(w, lo, hi, ranks, owners)
-            x32 = x.float()
-            if combine == "tree":
-                x32 = tree_grad(x32, ranks, owners)
-            else:
-                x32 = all_reduce_grad(x32, ranks)
-            acc = op(x32.reshape(-1, K), w.float(), grad_segments=grad_segments)
-            return acc.to(x.dtype).reshape(*x.shape[:-1], hi - lo)
+            y = _ColwiseGemm.apply(x.reshape(-1, K), w, how)
+            return y.reshape(*x.shape[:-1], hi - lo)
 
         module.forward = types.MethodType(forward, module)
         module._opcontract_tp = dict(
-            style="colwise", shards=shards, rows=(lo, hi), segments=S, combine=combine
+            style="colwise", shards=shards, rows=(lo, hi), segments=S, combine=self.combine
         )
         return module
 

@@ -35,7 +35,7 @@ def backward(config, saved, grads, needs, *, segments, grad_segments):
     g = (
         torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
         if g is None
-        else g.float()
+        else g.to(x.dtype).float()  # grad_x_n.in, grad_weight_m.in: the input dtype
     )
     dx = segment_tree(g, w.float(), grad_segments).to(x.dtype) if needs["x"] else None
     dw = segment_tree(g.T.contiguous(), x.float(), 1).to(w.dtype) if needs["weight"] else None

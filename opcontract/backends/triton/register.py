@@ -12,6 +12,7 @@ from opcontract.backends.triton import linear_cross_entropy as lce
 from opcontract.backends.triton import normalized_embedding as emb
 from opcontract.backends.triton import qk_norm_rope as qkr
 from opcontract.backends.triton import rms_norm as rn
+from opcontract.backends.triton import segmented_gemm as sg
 from opcontract.backends.triton import softcap_logits as slg
 from opcontract.backends.triton import softcap_logprob as slp
 from opcontract.backends.triton import swiglu as tsw
@@ -178,6 +179,26 @@ register(
         "K loop, or by a second pass over partials computed in parallel), no split-K, "
         "bias in float32"
     ),
+    **_TRITON,
+)
+
+register(
+    op="segmented_gemm",
+    name="triton.segmented_gemm",
+    forward=sg.forward,
+    backward=sg.backward,
+    layout={"*": "rows", "acc": "contiguous"},
+    config_space=dg.CONFIG_SPACE,
+    default_config=lambda call: dg.default_config(),
+    plan={
+        "gemm_k": _plan(block=dg.K_BLOCK, split="fixed_blocks"),
+        "segment_tree": _plan(block=1, order="pairwise"),
+        "grad_x_n": _plan(block=dg.K_BLOCK, split="fixed_blocks"),
+        "grad_segment_tree": _plan(block=1, order="pairwise"),
+        "grad_weight_m": _plan(block=dg.K_BLOCK),
+    },
+    grad_invariances={"x": ("run_to_run", "batch"), "weight": ("run_to_run",)},
+    summary="dense_gemm's Triton kernel per segment into float32 planes, an adjacent-pair tree",
     **_TRITON,
 )
 
