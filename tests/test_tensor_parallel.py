@@ -47,6 +47,19 @@ def test_tp_degree_gives_the_one_rank_bits(world, kv_policy, dtype, one_rank, tm
         assert p["kv_replica_group"] == ([r] if world <= 2 else [r // 2 * 2, r // 2 * 2 + 1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sharded_rollout_equals_training_at_every_degree(dtype, tmp_path):
+    """A rollout engine at TP 2 (generate with the KV cache) and a trainer at TP 1 give every
+    completion token the same log-prob, bitwise; so does each degree with itself."""
+    one = selfcheck.rollout(None, dtype)
+    assert one["rollout"].shape == (3, 6) and bool((one["rollout"] < 0).all())
+    assert torch.equal(one["rollout"], one["train"])
+    for r, res in enumerate(run(2, tmp_path, dtype, what="rollout")):
+        assert torch.equal(res["sequences"], one["sequences"]), f"rank {r}"
+        assert torch.equal(res["rollout"], one["train"]), f"rank {r}"
+        assert torch.equal(res["train"], one["train"]), f"rank {r}"
+
+
 def test_all_reduce_control_differs(tmp_path):
     """Stock tensor parallelism (each rank's partial in sequential order, summed by the
     collective) against the unsharded patched model: the bits move."""

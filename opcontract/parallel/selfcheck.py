@@ -60,6 +60,26 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, **kw) -> dict:
                 local_shapes=local, seconds=seconds)  # fmt: skip
 
 
+def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, **kw) -> dict:
+    """Greedy ``generate_with_logprobs`` of the tiny patched model sharded over ``mesh`` (None:
+    one rank), and a training forward's log-probs of the same completions."""
+    from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
+    from opcontract.integrations.transformers import (
+        apply_opcontract,
+        generate_with_logprobs,
+        token_logprobs,
+    )
+    from opcontract.parallel import parallelize_muse_glimmer
+
+    model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0), backend="torch")
+    parallelize_muse_glimmer(model, mesh, **kw)
+    ids, mask = left_padded(STEP_LENGTHS)
+    ro = generate_with_logprobs(model, ids, mask, max_new_tokens=new_tokens, do_sample=False)
+    with torch.no_grad():
+        train = token_logprobs(model, ro.sequences, ro.attention_mask)[:, ids.shape[1] - 1 :]
+    return dict(sequences=ro.sequences, rollout=ro.logprobs, train=train)
+
+
 def worker(rank: int, world: int, init: str, out: str, dtype: torch.dtype, kw: dict) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -70,8 +90,9 @@ def worker(rank: int, world: int, init: str, out: str, dtype: torch.dtype, kw: d
             import opcontract
 
             opcontract.__version__ += "+other"
+        what = {"step": step, "rollout": rollout}[kw.pop("what", "step")]
         try:
-            result = step(mesh, dtype, **kw)
+            result = what(mesh, dtype, **kw)
         except Exception as e:  # every rank reports, so the parent sees each rank's error
             result = dict(error=f"{type(e).__name__}: {e}")
         torch.save(result, f"{out}.{rank}")
