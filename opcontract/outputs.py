@@ -10,6 +10,8 @@ AddNormOutput = result_type("fused_add_rms_norm")
 EmbeddingOutput = result_type("normalized_embedding")
 QKOutput = result_type("qk_norm_rope")
 SamplerHeadOutput = result_type("softcap_logits")
+SliceStatsOutput = result_type("vocab_slice_stats")
+SliceGradOutput = result_type("vocab_slice_grad")
 
 __all__ = [
     "AddNormOutput",
@@ -18,4 +20,6 @@ __all__ = [
     "LogprobOutput",
     "QKOutput",
     "SamplerHeadOutput",
+    "SliceGradOutput",
+    "SliceStatsOutput",
 ]

@@ -97,5 +97,6 @@ def test_weight_gradient_is_dense_gemms():
 )  # fmt: skip
 def test_bad_segments_name_the_argument(kw, field):
     x, w = _xw()
-    with pytest.raises(ContractViolation, match=field.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ContractViolation, match=field.replace("[", r"\[").replace("]", r"\]")) as e:
         SEG(x, w, **kw)
+    assert e.value.argument == next(iter(kw))  # the param is named

@@ -554,8 +554,10 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
         unknown = set(code.co_names) - symbols - ints
         if unknown:
             out.append((("constraints", i, "require"), f"unknown symbols {sorted(unknown)}"))
-        if k.argument not in c.inputs:
-            out.append((("constraints", i, "argument"), f"'{k.argument}' is not an input"))
+        if k.argument not in c.inputs and k.argument not in ints:
+            out.append(
+                (("constraints", i, "argument"), f"'{k.argument}' is not an input or int param")
+            )
     for name, o in c.outputs.items():
         for d in o.shape:
             if why := _dim_problem(d, symbols):

@@ -17,6 +17,7 @@ from opcontract.backends.torch import segmented_gemm as sg
 from opcontract.backends.torch import softcap_logits as slg
 from opcontract.backends.torch import softcap_logprob as slp
 from opcontract.backends.torch import swiglu as sw
+from opcontract.backends.torch import vocab_slice as vs
 from opcontract.contracts import get_contract
 from opcontract.contracts.schema import ReductionPlan
 
@@ -244,6 +245,32 @@ register(
     },
     summary="elementwise float32: dense_gemm's strict K sum per segment, an adjacent-pair tree",
     **{**_STRICT, "grad_invariances": {"x": ("run_to_run", "batch"), "weight": ("run_to_run",)}},
+)
+
+register(
+    op="vocab_slice_stats",
+    name="torch.strict_slice_stats",
+    forward=vs.stats_forward,
+    plan={
+        "gemm_k": _plan(block=1),
+        "vocab_lse": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale", split="fixed_blocks"),
+        "segment_tree": _plan(block=1, order="pairwise", merge="online_max_rescale"),
+    },
+    summary="softcap_logprob's strict blocks per segment, an adjacent-pair tree of merges",
+    **{**_STRICT, "grad_invariances": {}},
+)
+register(
+    op="vocab_slice_grad",
+    name="torch.strict_slice_grad",
+    forward=vs.grad_forward,
+    plan={
+        "gemm_k": _plan(block=1),
+        "grad_hidden_v": _plan(block=slp.GRAD_CHUNK, split="fixed_blocks"),
+        "segment_tree": _plan(block=1, order="pairwise"),
+        "grad_weight_t": _plan(block=1),
+    },
+    summary="softcap_logprob's strict backward blocks per segment, an adjacent-pair tree",
+    **{**_STRICT, "grad_invariances": {}},
 )
 
 register(

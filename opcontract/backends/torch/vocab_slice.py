@@ -1,0 +1,114 @@
+"""vocab_slice_stats and vocab_slice_grad in plain torch: the float64 oracles and the strict
+paths, built from softcap_logprob's strict blocks (the same logits, the same block merges),
+each segment of the slice from its own start, the segments met by an adjacent-pair tree."""
+
+from __future__ import annotations
+
+import torch
+
+from opcontract.backends.fixed_order import adjacent_tree_sum, tree_sum
+from opcontract.backends.torch import elementwise as ew
+from opcontract.backends.torch.softcap_logprob import (
+    VOCAB_BLOCK,
+    _block_logits,
+    _rows_backward,
+    logits64,
+)
+
+
+def _dz64(hidden, weight, multiplier, softcap):
+    y = (hidden.double() @ weight.double().T) * multiplier
+    if softcap is None:
+        return torch.full_like(y, multiplier)
+    return multiplier * (1.0 - torch.tanh(y / softcap) ** 2)
+
+
+def reference_stats(hidden, weight, targets, *, multiplier=1.0, softcap=None, segments=1):
+    from opcontract.outputs import SliceStatsOutput
+
+    z = logits64(hidden, weight, multiplier, softcap)
+    t = targets.long()
+    m = z.max(dim=1).values if z.shape[1] else z.new_full((z.shape[0],), -torch.inf)
+    s = torch.exp(z - m[:, None]).sum(dim=1)
+    here = t >= 0
+    zt = torch.where(here, z.gather(1, torch.where(here, t, 0)[:, None])[:, 0], 0.0)
+    return SliceStatsOutput(m, s, zt)
+
+
+def reference_grad(hidden, weight, targets, lse, grad_logprob, *, multiplier=1.0,
+                   softcap=None, segments=1):  # fmt: skip
+    from opcontract.outputs import SliceGradOutput
+
+    z = logits64(hidden, weight, multiplier, softcap)
+    p = torch.exp(z - lse.double()[:, None])
+    onehot = (torch.arange(z.shape[1])[None, :] == targets.long()[:, None]).double()
+    g = grad_logprob.double()[:, None] * (onehot - p) * _dz64(hidden, weight, multiplier, softcap)
+    return SliceGradOutput(g @ weight.double(), g.T @ hidden.double())
+
+
+def _merge(a, b):
+    """The online max / rescale merge of two (max, sum) row partials."""
+    m = torch.maximum(a[0], b[0])
+    return m, a[1] * ew.exp(a[0] - m) + b[1] * ew.exp(b[0] - m)
+
+
+def _tree(parts: list):
+    while len(parts) > 1:
+        parts = [_merge(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def _segment_stats(h32, weight, t, multiplier, softcap):
+    """(max, sum, target logit or 0) of one segment: softcap_logprob's vocab_lse walk."""
+    T, V = h32.shape[0], weight.shape[0]
+    f32 = dict(dtype=torch.float32, device=h32.device)
+    run_max = torch.full((T,), float("-inf"), **f32)
+    run_sum = torch.zeros(T, **f32)
+    z_target = torch.zeros(T, **f32)
+    for v0 in range(0, V, VOCAB_BLOCK):
+        z, _, valid = _block_logits(h32, weight, v0, multiplier, softcap)
+        z = torch.where(valid, z, float("-inf"))
+        m_b = z.max(dim=1).values
+        s_b = tree_sum(ew.exp(z - m_b[:, None]))
+        new_max = torch.maximum(run_max, m_b)
+        run_sum = run_sum * ew.exp(run_max - new_max) + s_b * ew.exp(m_b - new_max)
+        run_max = new_max
+        hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
+        zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
+        z_target = torch.where(hit, zt, z_target)
+    return run_max, run_sum, z_target
+
+
+def stats_forward(config, hidden, weight, targets, *, multiplier, softcap, segments):
+    V = weight.shape[0]
+    width = V // segments
+    h32, t = hidden.float(), targets.long()
+    parts, zts = [], []
+    for s in range(segments):
+        lo = s * width
+        local = torch.where((t >= lo) & (t < lo + width), t - lo, -1)
+        m, ssum, zt = _segment_stats(h32, weight[lo : lo + width], local, multiplier, softcap)
+        parts.append((m, ssum))
+        zts.append(zt)
+    m, ssum = _tree(parts)
+    return m, ssum, adjacent_tree_sum(torch.stack(zts))  # one segment holds a target: exact
+
+
+def grad_forward(config, hidden, weight, targets, lse, grad_logprob, *, multiplier, softcap,
+                 segments):  # fmt: skip
+    V, H = weight.shape
+    width = V // segments
+    h32, t = hidden.float(), targets.long()
+    gl = grad_logprob.float()
+    grad_w = torch.zeros(V, H, dtype=weight.dtype, device=weight.device)
+    parts = []
+    for s in range(segments):
+        lo = s * width
+        local = torch.where((t >= lo) & (t < lo + width), t - lo, -1)
+        gw = grad_w[lo : lo + width]
+        parts.append(
+            _rows_backward(h32, weight[lo : lo + width], local, lse.float(), None, gl, None, None,
+                           hidden.dtype, multiplier, softcap, grad_w=gw, buffer=False,
+                           need_hidden=True)
+        )  # fmt: skip
+    return adjacent_tree_sum(torch.stack(parts)), grad_w
