@@ -60,6 +60,32 @@ def test_sharded_rollout_equals_training_at_every_degree(dtype, tmp_path):
         assert torch.equal(res["train"], one["train"]), f"rank {r}"
 
 
+@pytest.mark.parametrize(
+    "world, kv_policy, dtype",
+    [(2, "split", torch.float32), (4, "replicate", torch.float32), (2, "split", torch.bfloat16)],
+    ids=["tp2-fp32", "tp4-fp32", "tp2-bf16"],
+)
+def test_vocab_parallel_head_gives_the_one_rank_bits(world, kv_policy, dtype, tmp_path):
+    """The LM head's rows sharded too (head="vocab", a vocabulary of 104 = 8 segments of 13):
+    loss, log-probs and every gradient, the head's included, equal one rank's."""
+    ref = selfcheck.step(None, dtype, vocab=104, head="vocab")
+    plain = selfcheck.step(None, dtype, vocab=104)
+    assert mismatches(ref, plain)  # the segmented head is its own arithmetic
+    for r, res in enumerate(run(world, tmp_path, dtype, vocab=104, head="vocab",
+                                kv_policy=kv_policy)):  # fmt: skip
+        assert mismatches(res, ref) == {}, f"rank {r}"
+        assert res["local_shapes"]["lm_head.weight"] == (104 // world, 32)
+        assert res["provenance"]["head"] == "vocab"
+
+
+def test_vocab_parallel_rollout_equals_training(tmp_path):
+    one = selfcheck.rollout(None, torch.bfloat16, vocab=104, head="vocab")
+    assert torch.equal(one["rollout"], one["train"])
+    for res in run(2, tmp_path, torch.bfloat16, what="rollout", vocab=104, head="vocab"):
+        assert torch.equal(res["sequences"], one["sequences"])
+        assert torch.equal(res["rollout"], one["train"])
+
+
 def test_all_reduce_control_differs(tmp_path):
     """Stock tensor parallelism (each rank's partial in sequential order, summed by the
     collective) against the unsharded patched model: the bits move."""
@@ -80,6 +106,7 @@ def _errors(world, tmp_path, **kw) -> list[str]:
         (2, {"segments": 1}, "degree 2 exceeds segments=1"),
         (2, {"kv_policy": "mirror"}, "kv_policy must be one of"),
         (2, {"fake_version_rank": 1}, "ranks disagree on opcontract's version"),
+        (2, {"head": "vocab"}, "the vocabulary of 97 does not split into segments=8"),
     ],
 )
 def test_bad_plans_fail_on_every_rank(world, kw, says, tmp_path):

@@ -44,3 +44,23 @@ def adjacent_tree_sum(x: torch.Tensor) -> torch.Tensor:
     while x.shape[0] > 1:
         x = x[0::2] + x[1::2]
     return x[0]
+
+
+def _exp(x: torch.Tensor) -> torch.Tensor:  # float64, rounded once: the same on any device
+    return torch.exp(x.double()).float()
+
+
+def merge_max_sum(a: tuple, b: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online max / rescale merge of two (max, sum of exp(z - max)) row partials:
+    M = max(m1, m2), S = S1 exp(m1 - M) + S2 exp(m2 - M)."""
+    m = torch.maximum(a[0], b[0])
+    return m, a[1] * _exp(a[0] - m) + b[1] * _exp(b[0] - m)
+
+
+def adjacent_tree_merge(parts: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, sum) partials (a power-of-two count) merged by the adjacent-pair tree."""
+    if len(parts) & (len(parts) - 1) or not parts:
+        raise ValueError(f"adjacent_tree_merge needs a power-of-two count, got {len(parts)}")
+    while len(parts) > 1:
+        parts = [merge_max_sum(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+    return parts[0]

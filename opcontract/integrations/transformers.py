@@ -52,6 +52,7 @@ from opcontract.outputs import LogprobOutput
 
 ATTN_IMPLEMENTATION = "opcontract"
 SAMPLER_ROWS = 256  # softcap_logits serves at most this many rows a call
+SHARDED_HEAD = "_opcontract_sharded_head"  # set by opcontract.parallel (head="vocab")
 _FLAG = "_opcontract_patched"
 _BACKEND = "_opcontract_backend"
 OPCONTRACT_FORWARD = "_opcontract_forward"  # the patched forward, kept on the instance
@@ -438,13 +439,23 @@ def _head(model: nn.Module, hidden: torch.Tensor, backend: str | None):
     text = model.config.text_config
     op = dispatch.op("softcap_logits", backend=backend)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    parts = [
-        op(flat[i : i + SAMPLER_ROWS], model.lm_head.weight,
-           multiplier=text.output_multiplier, softcap=text.final_logit_softcapping)
-        for i in range(0, flat.shape[0], SAMPLER_ROWS)
-    ]  # fmt: skip
+    sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
+    if sharded is not None:
+        w = (
+            model.lm_head.weight.to_local()
+            if hasattr(model.lm_head.weight, "to_local")
+            else model.lm_head.weight
+        )
+        parts = [sharded.logits(flat[i : i + SAMPLER_ROWS], w)
+                 for i in range(0, flat.shape[0], SAMPLER_ROWS)]  # fmt: skip
+    else:
+        parts = [
+            op(flat[i : i + SAMPLER_ROWS], model.lm_head.weight,
+               multiplier=text.output_multiplier, softcap=text.final_logit_softcapping)
+            for i in range(0, flat.shape[0], SAMPLER_ROWS)
+        ]  # fmt: skip
     if parts:
-        logits, lse = torch.cat([p.logits for p in parts]), torch.cat([p.lse for p in parts])
+        logits, lse = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     else:
         logits = flat.new_zeros(0, model.lm_head.out_features, dtype=torch.float32)
         lse = flat.new_zeros(0, dtype=torch.float32)
@@ -465,6 +476,16 @@ def logprob_head(
     (``logprob`` [T] float32, ``entropy`` and ``predicted`` when asked). Rows are
     batch-invariant: a row's bits do not depend on the other rows in the call."""
     text = model.config.text_config
+    sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
+    if sharded is not None:
+        if entropy or predicted:
+            raise OpcontractPatchError(
+                "entropy and the argmax through a vocabulary-parallel head are not served yet; "
+                "parallelize with head='replicate'"
+            )
+        w = model.lm_head.weight
+        w = w.to_local() if hasattr(w, "to_local") else w
+        return LogprobOutput(logprob=sharded.logprob(hidden, w, targets))
     out = dispatch.op("softcap_logprob", backend=backend)(
         hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,

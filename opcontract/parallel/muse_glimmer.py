@@ -28,6 +28,7 @@ from opcontract.parallel.styles import (
 )
 
 KV_POLICIES = ("split", "replicate")
+HEADS = ("replicate", "vocab")
 LAYERS = "model.language_model.layers"
 _PROVENANCE = "_opcontract_parallel"
 _OPS = ("segmented_gemm", "gated_attention", "qk_norm_rope", "swiglu", "rms_norm")
@@ -100,11 +101,14 @@ def parallelize_muse_glimmer(
     segments: int = 8,
     kv_policy: str = "split",
     combine: str = "tree",
+    head: str = "replicate",
 ) -> nn.Module:
     """Shard a patched Muse Glimmer (``apply_opcontract``) over a 1-D ``DeviceMesh`` (None:
     one rank, the same segmented arithmetic). Every degree dividing ``segments`` gives the
     same log-probabilities and gradients, bitwise. Raises ``ParallelPlanError`` on every
-    rank, before sharding, when a degree does not divide what it must."""
+    rank, before sharding, when a degree does not divide what it must. ``head="vocab"``
+    shards the LM head's rows too (``opcontract.parallel.head``; log-probs and the loss, no
+    entropy yet), which needs the vocabulary to split into ``segments``."""
     from opcontract.integrations.transformers import is_patched, patched_backend
 
     if not is_patched(model):
@@ -116,6 +120,13 @@ def parallelize_muse_glimmer(
     ranks = Ranks.of(mesh)
     text = model.config.text_config
     kv_shards = _check(text, ranks.size, segments, kv_policy)
+    if head not in HEADS:
+        raise ParallelPlanError(f"head must be one of {HEADS}, got {head!r}")
+    if head == "vocab" and text.vocab_size % segments:
+        raise ParallelPlanError(
+            f"head='vocab': the vocabulary of {text.vocab_size} does not split into "
+            f"segments={segments}"
+        )
     _agree(ranks)
     backend = patched_backend(model)
     plan = tp_plan(segments=segments, kv_shards=kv_shards, combine=combine, backend=backend)
@@ -129,6 +140,8 @@ def parallelize_muse_glimmer(
     t = ranks.size
     rep = t // kv_shards  # ranks per KV head
     group = tuple(range(ranks.rank // rep * rep, ranks.rank // rep * rep + rep))
+    if head == "vocab":
+        _shard_head(model, mesh, ranks, segments, backend)
     if kv_shards < t:
         from opcontract import attention as _attention
 
@@ -153,9 +166,28 @@ def parallelize_muse_glimmer(
             contracts={op: get_contract(op).version for op in _OPS},
             fingerprint=_fingerprint(),
             plan={k: repr(v) for k, v in plan.items()},
+            head=head,
         ),  # fmt: skip
     )
     return model
+
+
+def _shard_head(model: nn.Module, mesh, ranks: Ranks, segments: int, backend) -> None:
+    from torch.distributed.tensor import Shard
+
+    from opcontract.integrations.transformers import SHARDED_HEAD
+    from opcontract.parallel.head import VocabParallelHead
+    from opcontract.parallel.styles import _param
+
+    text = model.config.text_config
+    lm = model.lm_head
+    V = lm.weight.shape[0]
+    rows = V // ranks.size
+    lo, hi = ranks.rank * rows, (ranks.rank + 1) * rows
+    lm.weight = _param(lm.weight.detach()[lo:hi].clone(), mesh, Shard(0))
+    sharded = VocabParallelHead(ranks, lo, hi, segments // ranks.size, text.output_multiplier,
+                                text.final_logit_softcapping, backend)  # fmt: skip
+    object.__setattr__(model, SHARDED_HEAD, sharded)
 
 
 def _matches(pattern: str, name: str) -> bool:

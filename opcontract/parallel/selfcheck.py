@@ -27,19 +27,19 @@ def _full(g: torch.Tensor) -> torch.Tensor:
     return g.full_tensor() if isinstance(g, DTensor) else g
 
 
-def step(mesh, dtype: torch.dtype, *, shard: bool = True, **kw) -> dict:
+def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, **kw) -> dict:
     """Log-probs, loss and every parameter's gradient of one training step of the tiny
     patched Muse Glimmer, sharded over ``mesh`` (None: one rank) when ``shard``."""
     from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
     from opcontract.integrations.transformers import apply_opcontract, token_logprobs
     from opcontract.parallel import parallelize_muse_glimmer, provenance
 
-    model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0), backend="torch")
+    model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0, vocab=vocab), backend="torch")
     prov = None
     if shard:
         parallelize_muse_glimmer(model, mesh, **kw)
         prov = provenance(model)
-    ids, mask = left_padded(STEP_LENGTHS)
+    ids, mask = left_padded(STEP_LENGTHS, vocab=vocab)
     labels = ids.masked_fill(mask == 0, -100)
     t0 = time.perf_counter()
     loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -54,13 +54,13 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, **kw) -> dict:
         n: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
         for n, p in model.named_parameters()
         if n.endswith(("layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-                       "layers.0.mlp.down_proj.weight", "embed_tokens.weight"))
+                       "layers.0.mlp.down_proj.weight", "embed_tokens.weight", "lm_head.weight"))
     }  # fmt: skip
     return dict(loss=loss.detach(), logprobs=lp.detach(), grads=grads, provenance=prov,
                 local_shapes=local, seconds=seconds)  # fmt: skip
 
 
-def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, **kw) -> dict:
+def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, vocab: int = 97, **kw) -> dict:
     """Greedy ``generate_with_logprobs`` of the tiny patched model sharded over ``mesh`` (None:
     one rank), and a training forward's log-probs of the same completions."""
     from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
@@ -71,9 +71,9 @@ def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, **kw) -> dict:
     )
     from opcontract.parallel import parallelize_muse_glimmer
 
-    model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0), backend="torch")
+    model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0, vocab=vocab), backend="torch")
     parallelize_muse_glimmer(model, mesh, **kw)
-    ids, mask = left_padded(STEP_LENGTHS)
+    ids, mask = left_padded(STEP_LENGTHS, vocab=vocab)
     ro = generate_with_logprobs(model, ids, mask, max_new_tokens=new_tokens, do_sample=False)
     with torch.no_grad():
         train = token_logprobs(model, ro.sequences, ro.attention_mask)[:, ids.shape[1] - 1 :]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from opcontract.backends.fixed_order import adjacent_tree_sum, tree_sum
+from opcontract.backends.fixed_order import adjacent_tree_merge, adjacent_tree_sum, tree_sum
 from opcontract.backends.torch import elementwise as ew
 from opcontract.backends.torch.softcap_logprob import (
     VOCAB_BLOCK,
@@ -46,18 +46,6 @@ def reference_grad(hidden, weight, targets, lse, grad_logprob, *, multiplier=1.0
     return SliceGradOutput(g @ weight.double(), g.T @ hidden.double())
 
 
-def _merge(a, b):
-    """The online max / rescale merge of two (max, sum) row partials."""
-    m = torch.maximum(a[0], b[0])
-    return m, a[1] * ew.exp(a[0] - m) + b[1] * ew.exp(b[0] - m)
-
-
-def _tree(parts: list):
-    while len(parts) > 1:
-        parts = [_merge(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
-    return parts[0]
-
-
 def _segment_stats(h32, weight, t, multiplier, softcap):
     """(max, sum, target logit or 0) of one segment: softcap_logprob's vocab_lse walk."""
     T, V = h32.shape[0], weight.shape[0]
@@ -90,7 +78,7 @@ def stats_forward(config, hidden, weight, targets, *, multiplier, softcap, segme
         m, ssum, zt = _segment_stats(h32, weight[lo : lo + width], local, multiplier, softcap)
         parts.append((m, ssum))
         zts.append(zt)
-    m, ssum = _tree(parts)
+    m, ssum = adjacent_tree_merge(parts)
     return m, ssum, adjacent_tree_sum(torch.stack(zts))  # one segment holds a target: exact
 
 
