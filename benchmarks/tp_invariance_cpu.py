@@ -1,6 +1,7 @@
 """Tensor-parallel invariance on gloo CPU processes: one training step of the tiny random
-Muse Glimmer (the real layer schedule) at TP 1, 2 and 4, strict styles and the stock
-all-reduce control, mismatch counts against one rank, and the step time.
+Muse Glimmer (the real layer schedule) at TP 1, 2 and 4, strict styles (the LM head
+replicated, or vocabulary-parallel) and the stock all-reduce control, mismatch counts
+against one rank, and the step time.
 
     python benchmarks/tp_invariance_cpu.py --out benchmarks/results/tp_invariance_cpu.json
 """
@@ -25,21 +26,31 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = []
+    runs = (
+        ("replicate", 97, 2, {}), ("replicate", 97, 4, {"kv_policy": "replicate"}),
+        ("replicate", 97, 2, {"combine": "all_reduce"}),
+        ("vocab", 104, 2, {}), ("vocab", 104, 4, {"kv_policy": "replicate"}),
+    )  # fmt: skip
     for dtype in (torch.float32, torch.bfloat16):
-        tree1 = selfcheck.step(None, dtype)
-        plain = selfcheck.step(None, dtype, shard=False)
-        moved = sum(selfcheck.mismatches(tree1, plain).values())
-        rows.append(dict(dtype=str(dtype), degree=1, form="segmented tree (one rank)",
-                         seconds=tree1["seconds"], plain_seconds=plain["seconds"],
-                         mismatches_vs_plain=moved))  # fmt: skip
-        for world, kw in ((2, {}), (4, {"kv_policy": "replicate"}), (2, {"combine": "all_reduce"})):
+        refs = {}
+        for head, vocab in (("replicate", 97), ("vocab", 104)):
+            tree1 = selfcheck.step(None, dtype, vocab=vocab, head=head)
+            plain = selfcheck.step(None, dtype, vocab=vocab, shard=False)
+            refs[head] = tree1, plain
+            moved = sum(selfcheck.mismatches(tree1, plain).values())
+            rows.append(dict(
+                dtype=str(dtype), head=head, vocab=vocab, degree=1, form="segmented (one rank)",
+                seconds=tree1["seconds"], plain_seconds=plain["seconds"], mismatches_vs_plain=moved,
+            ))  # fmt: skip
+        for head, vocab, world, kw in runs:
+            tree1, plain = refs[head]
             with tempfile.TemporaryDirectory() as d:
-                res = selfcheck.run(world, d, dtype, **kw)
+                res = selfcheck.run(world, d, dtype, vocab=vocab, head=head, **kw)
             ref = plain if kw.get("combine") == "all_reduce" else tree1
             per_rank = [selfcheck.mismatches(r, ref) for r in res]
             rows.append(dict(
-                dtype=str(dtype), degree=world, form=kw.get("combine", "tree"),
-                kv_policy=kw.get("kv_policy", "split"),
+                dtype=str(dtype), head=head, vocab=vocab, degree=world,
+                form=kw.get("combine", "tree"), kv_policy=kw.get("kv_policy", "split"),
                 compared_with="unsharded patched model" if ref is plain else "one-rank tree",
                 tensors=2 + len(ref["grads"]),
                 mismatched_tensors=[len(m) for m in per_rank],
