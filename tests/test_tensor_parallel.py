@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("transformers")
 from opcontract.parallel import selfcheck  # noqa: E402
 from opcontract.parallel.selfcheck import mismatches  # noqa: E402
+from opcontract.parallel.trace import first_difference  # noqa: E402
 
 
 def run(world: int, tmp_path, dtype=torch.float32, **kw) -> list[dict]:
@@ -33,6 +34,8 @@ def test_tp_degree_gives_the_one_rank_bits(world, kv_policy, dtype, one_rank, tm
     assert len(ref["grads"]) > 20  # every layer's projections, norms, embedding, head
     for r, res in enumerate(results):
         assert mismatches(res, ref) == {}, f"rank {r}"
+        assert first_difference(res["trace"], ref["trace"]) is None
+        assert len(res["trace"]) > 30  # embedding, norms, attention, MLP, layers
         p = res["provenance"]
         assert (p["degree"], p["rank"], p["segments"]) == (world, r, 8)
         assert p["kv_policy"] == kv_policy and p["reduction_form"].startswith("segmented_gemm")
@@ -93,6 +96,10 @@ def test_all_reduce_control_differs(tmp_path):
     res = run(2, tmp_path, torch.float32, combine="all_reduce")[0]
     bad = mismatches(res, ref)
     assert "logprobs" in bad and any(k.endswith("o_proj.weight") for k in bad), bad
+    # the activation trace names the first op where the runs part: the first combine
+    i, name = first_difference(res["trace"], ref["trace"])
+    assert name == "model.language_model.layers.0.self_attn.o_proj", (i, name)
+    assert res["trace"][:i] == ref["trace"][:i] and i > 0
 
 
 def _errors(world, tmp_path, **kw) -> list[str]:

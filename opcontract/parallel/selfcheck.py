@@ -33,6 +33,7 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, **kw)
     from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
     from opcontract.integrations.transformers import apply_opcontract, token_logprobs
     from opcontract.parallel import parallelize_muse_glimmer, provenance
+    from opcontract.parallel.trace import activation_trace
 
     model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0, vocab=vocab), backend="torch")
     prov = None
@@ -42,7 +43,8 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, **kw)
     ids, mask = left_padded(STEP_LENGTHS, vocab=vocab)
     labels = ids.masked_fill(mask == 0, -100)
     t0 = time.perf_counter()
-    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    with activation_trace(model) as trace:
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     lp = token_logprobs(model, ids, mask)
     ramp = torch.linspace(-1.0, 1.0, lp.numel()).reshape(lp.shape)
     (loss + (lp * ramp).sum()).backward()
@@ -57,7 +59,7 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, **kw)
                        "layers.0.mlp.down_proj.weight", "embed_tokens.weight", "lm_head.weight"))
     }  # fmt: skip
     return dict(loss=loss.detach(), logprobs=lp.detach(), grads=grads, provenance=prov,
-                local_shapes=local, seconds=seconds)  # fmt: skip
+                local_shapes=local, seconds=seconds, trace=trace)  # fmt: skip
 
 
 def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, vocab: int = 97, **kw) -> dict:
