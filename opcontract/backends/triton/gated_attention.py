@@ -14,6 +14,9 @@ from opcontract.backends.triton.launch import launch
 
 BLOCK = ref.BLOCK
 CHUNK_BLOCKS = ref.CHUNK // ref.BLOCK
+# the split decode's merge: one program per 16 rows x 32 channels of a tile (a decode token's
+# 16 query heads of a KV group), so a batch of one spreads its merge over 8 programs
+MERGE_ROWS, MERGE_COLS = 16, 32
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -46,14 +49,17 @@ CONFIG_SPACE = {
 
 def default_config(call=None) -> dict:
     """Fused unless the tiles alone leave most of the GPU idle (split -1: decided by
-    occupancy); tiles of 128 query rows, two stages, for calls of 1024 tokens or more, 64
-    rows unpipelined below (decode fills 16 rows a token: fewer wasted); 8 warps. On the
-    H200 128 rows ran the training forward 1.1-1.7x faster than 64, and two stages beat one
-    at 4 of the 6 training shapes measured (attention_fastpass_h200.json,
-    attention_forward_explore_h200.json). The contract fixes no tile: no choice here
-    changes a bit (attention_configs_h200.json)."""
+    occupancy). Calls of 1024 tokens or more (training, prefill): tiles of 128 query rows,
+    two stages, 8 warps; on the H200 128 rows ran the training forward 1.1-1.7x faster than
+    64, and two stages beat one at 4 of the 6 training shapes measured
+    (attention_fastpass_h200.json, attention_forward_explore_h200.json). Smaller calls
+    (decode: 16 live rows a token): 64 rows, one stage, 4 warps, which read the cache
+    1.1-1.5x faster than 8 warps at every decode batch of 8 to 256 measured
+    (attention_decode_explore_h200.json, attention_decode_merge_h200.json). The contract
+    fixes no tile: no choice here changes a bit (the same files, attention_configs_h200.json)."""
     T = (getattr(call, "sizes", None) or {}).get("T")
-    return {"split": -1, "block_m": _block_m(T), "num_warps": 8, "num_stages": _stages(T)}
+    return {"split": -1, "block_m": _block_m(T), "num_warps": _warps(T),
+            "num_stages": _stages(T)}  # fmt: skip
 
 
 def _block_m(T: int | None) -> int:
@@ -64,13 +70,19 @@ def _stages(T: int | None) -> int:
     return 2 if T is not None and T >= 1024 else 1
 
 
-def _split_pays(n_programs: int, n_chunks: int, device) -> bool:
+def _warps(T: int | None) -> int:
+    return 8 if T is not None and T >= 1024 else 4
+
+
+def _split_pays(n_programs: int, n_chunks: int, num_warps: int, device) -> bool:
     if device.type != "cuda" or n_chunks < 2:
         return False
-    # measured on the H200 (attention_h200.json, L = 2048 .. 32768): split wins at B <= 8
-    # (16 programs for 132 SMs), loses 15-18% at B = 64 (128 programs)
+    # measured on the H200 (attention_decode_merge_h200.json, L = 2048 .. 32768): with 4
+    # warps (two programs an SM) split wins up to B = 64 (128 programs) and loses at
+    # B = 256 (512); with 8 warps (one an SM) it won at B <= 8 (16 programs) and lost
+    # 15-18% at B = 64 (attention_h200.json)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return 2 * n_programs <= sms
+    return n_programs <= 2 * sms if num_warps <= 4 else 2 * n_programs <= sms
 
 
 def chunks_per_tile(table: torch.Tensor, positions: torch.Tensor, window: int, local: bool) -> int:
@@ -109,6 +121,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     cfg = default_config()
     cfg["block_m"] = _block_m(q.shape[0])
     cfg["num_stages"] = _stages(q.shape[0])
+    cfg["num_warps"] = _warps(q.shape[0])
     cfg.update(config or {})
     _, Hq, D = q.shape
     Hkv = k.shape[1]
@@ -119,7 +132,11 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     local = layer == "local"
     split = int(cfg["split"])
     if split < 0:
-        split = int(_split_pays(table.shape[0] * Hkv, -(-NB // CHUNK_BLOCKS), q.device))
+        split = int(
+            _split_pays(
+                table.shape[0] * Hkv, -(-NB // CHUNK_BLOCKS), int(cfg["num_warps"]), q.device
+            )
+        )
     n_chunks = chunks_per_tile(table, positions, int(window or 0), local) if split else 0
     meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
                 BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
@@ -166,9 +183,12 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
                **meta)  # fmt: skip
     if plan.split:
         part_m, part_l, part_o = plan.partials
-        launch(kk._attn_merge_kernel, (n, Hkv), gate, positions, key_len, plan.table, part_m,
-               part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks, plan.window,
-               **plan.meta)  # fmt: skip
+        rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
+        parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
+        meta = {**plan.meta, "num_warps": 2, "num_stages": 1}
+        launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
+               part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
+               plan.window, ROWS=rows, COLS=cols, **meta)  # fmt: skip
 
 
 def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):

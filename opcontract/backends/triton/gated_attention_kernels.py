@@ -194,8 +194,10 @@ def _nonfinite(x):
 
 @triton.jit
 def _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
-            dmask, Hq, INTERPRET: tl.constexpr):
-    """attn = O / L + 0, lse = M + log2 L, out = input_dtype(attn * sigmoid(gate))."""
+            dmask, Hq, INTERPRET: tl.constexpr, lse_live):
+    """attn = O / L + 0, lse = M + log2 L, out = input_dtype(attn * sigmoid(gate)); lse
+    stored for the rows of lse_live (a program holding some channels of a row stores it
+    once, from its first block)."""
     seen = run_l != 0.0
     attn = tl.where(seen[:, None], run_o / tl.where(seen, run_l, 1.0)[:, None], 0.0) + 0.0
     lse = tl.where(seen, run_m + tl.log2(tl.where(seen, run_l, 1.0)), float("-inf"))
@@ -204,7 +206,7 @@ def _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, to
     st = live[:, None] & dmask
     tl.store(out_ptr + q_off, cast(out, out_ptr.dtype.element_ty, INTERPRET), mask=st)
     tl.store(attn_ptr + q_off, attn, mask=st)
-    tl.store(lse_ptr + token.to(tl.int64) * Hq + head, lse, mask=live)
+    tl.store(lse_ptr + token.to(tl.int64) * Hq + head, lse, mask=lse_live)
 
 
 @triton.jit
@@ -255,7 +257,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
         if not SAFE:
             tl.store(redo_ptr + slot, _nonfinite(run_o))
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head,
-                live, dmask, Hq, INTERPRET)
+                live, dmask, Hq, INTERPRET, live)
 
 
 @triton.jit
@@ -296,31 +298,45 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
 def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_ptr, part_l_ptr,
                        part_o_ptr, out_ptr, attn_ptr, lse_ptr, T, Hq, Hkv, G, D, NC, window,
                        LOCAL: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
-    """Split decode, part 2: program (tile, kv head) merges the tile's chunk partials in
-    ascending order by ``_merge`` and finishes as the fused kernel does."""
+                       BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
+                       ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Split decode, part 2: program (tile, kv head, part) merges the chunk partials of ROWS
+    rows x COLS channels of the tile (part = row group * channel blocks + channel block) in
+    ascending chunk order by ``_merge`` and finishes them as the fused kernel does. The
+    merge is per element (each row's factors from its own m), so how the tile is cut into
+    programs changes no bit; a row group without a query row exits."""
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
+    part = tl.program_id(2)
+    n_cols = BLOCK_D // COLS
+    r0 = (part // n_cols) * ROWS
+    c0 = (part % n_cols) * COLS
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
-    head = kvh * G + g
-    d = tl.arange(0, BLOCK_D)
-    dmask = d[None, :] < D
-    q_off = (token.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
-    r = tl.arange(0, BLOCK_M)
-    run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    run_l = tl.zeros((BLOCK_M,), tl.float32)
-    run_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    for i in range(0, b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1):
-        slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
-        m = tl.load(part_m_ptr + slot * BLOCK_M + r)
-        lraw = tl.load(part_l_ptr + slot * BLOCK_M + r)
-        o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :])
-        any_c = lraw != -1.0
-        lsum = tl.where(any_c, lraw, 0.0)
-        run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
-    _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
-            dmask, Hq, INTERPRET)
+    ntok = tl.load(tile_ptr + tile * 3 + 1)
+    if r0 < ntok * G:
+        row0 = tl.load(tile_ptr + tile * 3)
+        r = r0 + tl.arange(0, ROWS)
+        tok_r = r // G
+        live_r = tok_r < ntok
+        token_r = row0 + tok_r
+        head = kvh * G + r % G
+        d = c0 + tl.arange(0, COLS)
+        dmask = d[None, :] < D
+        q_off = (token_r.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
+        run_m = tl.full((ROWS,), float("-inf"), tl.float32)
+        run_l = tl.zeros((ROWS,), tl.float32)
+        run_o = tl.zeros((ROWS, COLS), tl.float32)
+        for i in range(0, b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1):
+            slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
+            m = tl.load(part_m_ptr + slot * BLOCK_M + r)
+            lraw = tl.load(part_l_ptr + slot * BLOCK_M + r)
+            o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :])
+            any_c = lraw != -1.0
+            lsum = tl.where(any_c, lraw, 0.0)
+            run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+        _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token_r, head,
+                live_r, dmask, Hq, INTERPRET, live_r & (r * 0 + c0 == 0))
 
 
 # ----------------------------------------------------------------------------- backward

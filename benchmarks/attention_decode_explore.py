@@ -1,0 +1,122 @@
+"""Decode configurations of the Triton gated_attention on the GPU: graph-replayed time and
+KV-read bandwidth of every (split, block_m, num_warps, num_stages), each output checked
+bitwise against the training configuration's (block_m 128, two stages, fused) on the same
+inputs, with each compiled kernel's registers, spills and shared memory.
+
+    python benchmarks/attention_decode_explore.py --out benchmarks/results/X.json \
+        [--B 1,8,64,256] [--L 8192,32768] [--block-m 16,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+HQ, HKV, D = 32, 2, 128
+TRAINING = {"split": 0, "block_m": 128, "num_warps": 8, "num_stages": 2}
+
+
+def inputs(B: int, L: int):
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(B + L)
+    k = torch.randn(B * L, HKV, D, device=dev, generator=g, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(B, HQ, D, device=dev, generator=g, dtype=torch.bfloat16)
+    gate = torch.randn_like(q)
+    ar = torch.arange(L // 128, device=dev)
+    table = torch.arange(B, device=dev)[:, None] * L + 128 * ar[None]
+    key_len = torch.full((B,), L, device=dev)
+    # positions spread below L so that tiles see different numbers of chunks
+    pos = key_len - 1 - torch.randint(0, 1000, (B,), device=dev, generator=g)
+    return q, k, v, gate, pos, torch.arange(B, device=dev), table, key_len
+
+
+def kernels_seen() -> list[dict]:
+    from opcontract.backends.triton import launch
+
+    out = []
+    for kernel, compiled, _tail in launch._COMPILED.values():
+        out.append(dict(kernel=kernel.fn.__name__, n_regs=getattr(compiled, "n_regs", None),
+                        n_spills=getattr(compiled, "n_spills", None),
+                        shared=getattr(compiled.metadata, "shared", None),
+                        num_warps=compiled.metadata.num_warps,
+                        num_stages=compiled.metadata.num_stages))  # fmt: skip
+    return out
+
+
+def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
+    from opcontract.backends.triton import gated_attention as tga
+    from opcontract.backends.triton import launch
+
+    q, k, v, gate, pos, seq, table, key_len = inputs(B, L)
+    nbytes = 2 * B * L * HKV * D * 2
+
+    def run(cfg):
+        out = torch.empty_like(q)
+        attn = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        plan = tga.plan_forward(cfg, q, k, pos, seq, table, layer="global", window=None,
+                                scale=None)  # fmt: skip
+
+        def fn():
+            tga.run_forward(plan, q, k, v, gate, pos, table, key_len, out, attn, lse)
+
+        fn()
+        return fn, out, lse, plan
+
+    _, ref_out, ref_lse, _ = run(TRAINING)
+    ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
+    for split, bm, w, st in itertools.product(
+        (0, 1), map(int, a.block_m.split(",")), map(int, a.warps.split(",")),
+        map(int, a.stages.split(",")),
+    ):  # fmt: skip
+        cfg = {"split": split, "block_m": bm, "num_warps": w, "num_stages": st}
+        row = dict(B=B, L=L, **cfg)
+        try:
+            launch.clear()
+            fn, out, lse, plan = run(cfg)
+            torch.cuda.synchronize()
+            row["bits_equal"] = bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse))
+            row["differ_rows"] = int((out != ref_out).any(-1).sum())
+            ms = common.bench_graph(fn, rep_ms=60)
+            row.update(ms=ms, gbps=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy,
+                       fused=not plan.split)  # fmt: skip
+            payload["kernels"][str(cfg)] = kernels_seen()
+        except Exception as e:  # noqa: BLE001
+            row["error"] = repr(e)[:300]
+        payload["rows"].append(row)
+        print(row, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--B", default="1,8,64,256")
+    ap.add_argument("--L", default="8192,32768")
+    ap.add_argument("--block-m", default="16,64")
+    ap.add_argument("--stages", default="1,2,3")
+    ap.add_argument("--warps", default="4,8")
+    a = ap.parse_args()
+    copy = common.copy_gbps()
+    payload = {"benchmark": "attention_decode_explore", "env": common.env_stamp(),
+               "ceilings": {"copy_gbps": copy}, "reference_config": TRAINING,
+               "rows": [], "kernels": {}}  # fmt: skip
+    t0 = time.time()
+    for L, B in itertools.product(map(int, a.L.split(",")), map(int, a.B.split(","))):
+        shape_rows(B, L, copy, a, payload)
+        torch.cuda.empty_cache()
+        common.write(a.out, payload)
+    payload["seconds"] = round(time.time() - t0, 1)
+    common.write(a.out, payload)
+
+
+if __name__ == "__main__":
+    main()
