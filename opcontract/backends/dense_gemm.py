@@ -29,3 +29,22 @@ def strict_declaration() -> dict:
             "bias": ("run_to_run",),
         },
     )
+
+
+def segmented_declaration() -> dict:
+    """The ``plan`` and ``grad_invariances`` of a segmented_gemm implementation: dense_gemm's
+    strict K (and dx's N) sums per segment, the segments met by an adjacent-pair tree."""
+
+    def plan(**kw) -> ReductionPlan:
+        return ReductionPlan(accumulate="float32", **kw)
+
+    return dict(
+        plan={
+            "gemm_k": plan(block=K_BLOCK, split="fixed_blocks"),
+            "segment_tree": plan(block=1, order="pairwise"),
+            "grad_x_n": plan(block=K_BLOCK, split="fixed_blocks"),
+            "grad_segment_tree": plan(block=1, order="pairwise"),
+            "grad_weight_m": plan(block=K_BLOCK),
+        },
+        grad_invariances={"x": ("run_to_run", "batch"), "weight": ("run_to_run",)},
+    )

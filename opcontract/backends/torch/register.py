@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from opcontract.backends.dense_gemm import K_BLOCK, strict_declaration
+from opcontract.backends.dense_gemm import segmented_declaration, strict_declaration
 from opcontract.backends.registry import register
 from opcontract.backends.torch import dense_gemm as dg
 from opcontract.backends.torch import fused_add_rms_norm as fan
@@ -236,15 +236,8 @@ register(
     name="torch.strict_segmented_gemm",
     forward=sg.forward,
     backward=sg.backward,
-    plan={
-        "gemm_k": _plan(block=K_BLOCK, split="fixed_blocks"),
-        "segment_tree": _plan(block=1, order="pairwise"),
-        "grad_x_n": _plan(block=K_BLOCK, split="fixed_blocks"),
-        "grad_segment_tree": _plan(block=1, order="pairwise"),
-        "grad_weight_m": _plan(block=K_BLOCK),
-    },
     summary="elementwise float32: dense_gemm's strict K sum per segment, an adjacent-pair tree",
-    **{**_STRICT, "grad_invariances": {"x": ("run_to_run", "batch"), "weight": ("run_to_run",)}},
+    **{**_STRICT, **segmented_declaration()},
 )
 
 register(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opcontract.backends.dense_gemm import strict_declaration
+from opcontract.backends.dense_gemm import segmented_declaration, strict_declaration
 from opcontract.backends.registry import register
 from opcontract.backends.triton import dense_gemm as dg
 from opcontract.backends.triton import device_reason, missing_library
@@ -190,16 +190,9 @@ register(
     layout={"*": "rows", "acc": "contiguous"},
     config_space=dg.CONFIG_SPACE,
     default_config=lambda call: dg.default_config(),
-    plan={
-        "gemm_k": _plan(block=dg.K_BLOCK, split="fixed_blocks"),
-        "segment_tree": _plan(block=1, order="pairwise"),
-        "grad_x_n": _plan(block=dg.K_BLOCK, split="fixed_blocks"),
-        "grad_segment_tree": _plan(block=1, order="pairwise"),
-        "grad_weight_m": _plan(block=dg.K_BLOCK),
-    },
-    grad_invariances={"x": ("run_to_run", "batch"), "weight": ("run_to_run",)},
     summary="dense_gemm's Triton kernel per segment into float32 planes, an adjacent-pair tree",
     **_TRITON,
+    **segmented_declaration(),
 )
 
 register(
