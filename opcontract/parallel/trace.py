@@ -23,12 +23,18 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(b).hexdigest()[:16]
 
 
-def _replicated(name: str) -> bool:
-    """Not a column-parallel role of the plan (sharded or not), not a per-head op."""
-    from opcontract.parallel.muse_glimmer import _matches, tp_plan
+def _column_roles() -> list[str]:
+    """The plan's column-parallel module patterns."""
+    from opcontract.parallel.muse_glimmer import tp_plan
     from opcontract.parallel.styles import StrictColwiseParallel
 
-    cols = [p for p, st in tp_plan().items() if isinstance(st, StrictColwiseParallel)]
+    return [p for p, st in tp_plan().items() if isinstance(st, StrictColwiseParallel)]
+
+
+def _replicated(name: str, cols: list[str]) -> bool:
+    """Not a column-parallel role of the plan (sharded or not), not a per-head op."""
+    from opcontract.parallel.muse_glimmer import _matches
+
     return not any(_matches(p, name) for p in cols) and not name.endswith(("qk_norm", "rotary_emb"))
 
 
@@ -38,8 +44,9 @@ def activation_trace(model: nn.Module) -> Iterator[list[tuple[str, str]]]:
     output digest) for every replicated module's call, in call order."""
     records: list[tuple[str, str]] = []
     handles = []
+    cols = _column_roles()
     for name, mod in model.named_modules():
-        if not name or not _replicated(name):
+        if not name or not _replicated(name, cols):
             continue
 
         def hook(m, args, out, name=name):
