@@ -57,7 +57,11 @@ def default_config(call=None) -> dict:
     1.1-1.5x faster than 8 warps at every decode batch of 8 to 256 measured
     (attention_decode_explore_h200.json, attention_decode_merge_h200.json). The contract
     fixes no tile: no choice here changes a bit (the same files, attention_configs_h200.json)."""
-    T = (getattr(call, "sizes", None) or {}).get("T")
+    return _defaults((getattr(call, "sizes", None) or {}).get("T"))
+
+
+def _defaults(T: int | None) -> dict:
+    """default_config's choices for a call of T query rows (None: unknown)."""
     return {"split": -1, "block_m": _block_m(T), "num_warps": _warps(T),
             "num_stages": _stages(T)}  # fmt: skip
 
@@ -118,10 +122,7 @@ class ForwardPlan:
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale) -> ForwardPlan:
     """The plan of a forward call. ``config`` keys: CONFIG_SPACE's (split -1: decide by
     occupancy); no choice changes a bit."""
-    cfg = default_config()
-    cfg["block_m"] = _block_m(q.shape[0])
-    cfg["num_stages"] = _stages(q.shape[0])
-    cfg["num_warps"] = _warps(q.shape[0])
+    cfg = _defaults(q.shape[0])
     cfg.update(config or {})
     _, Hq, D = q.shape
     Hkv = k.shape[1]
