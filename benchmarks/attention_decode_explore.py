@@ -43,7 +43,7 @@ def kernels_seen() -> list[dict]:
     from opcontract.backends.triton import launch
 
     out = []
-    for kernel, compiled, _tail in launch._COMPILED.values():
+    for kernel, compiled, *_ in launch._COMPILED.values():
         out.append(dict(kernel=kernel.fn.__name__, n_regs=getattr(compiled, "n_regs", None),
                         n_spills=getattr(compiled, "n_spills", None),
                         shared=getattr(compiled.metadata, "shared", None),
