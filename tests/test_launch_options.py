@@ -141,8 +141,6 @@ def test_compiled_handle_launch_matches_the_jit():
                     assert torch.equal(got, want), (offset, n, c)
     assert len(launch_mod._COMPILED) >= 2 * 3 * 2  # alignments x size classes x constexprs
     assert launch_mod._DIRECT_OK  # this Triton's launcher took the direct call
-    if launch_mod._static_launcher() is not None and launch_mod.STATIC:
-        assert all(e[3] is not None for e in launch_mod._COMPILED.values())  # torch's launcher
 
 
 class _FakeCompiled:
@@ -240,75 +238,3 @@ def test_launch_hooks_and_unhashable_arguments_take_the_safe_path(fake_gpu, monk
         assert log[-1][0] == "jit"
     with pytest.raises(TypeError, match="positionally"):
         launch_mod.launch(kernel, (1,), x, 1, 1.0, BLOCK=4, FLAG=x)
-
-
-class _FakeStaticLauncher:
-    def __init__(self, log: list) -> None:
-        self.log = log
-
-    def _load_kernel(self, path, name, shared, device):
-        self.log.append(("load", Path(path).read_bytes(), name, shared, device))
-        return (99, 32, 0)
-
-    def _launch_kernel(self, function, gx, gy, gz, warps, shared, codes, args, stream):
-        self.log.append(("static", function, (gx, gy, gz), warps, shared, codes, args, stream))
-
-
-class _Meta:
-    name, num_warps, num_ctas, shared = "k_fn", 8, 1, 4096
-    global_scratch_size = profile_scratch_size = 0
-    launch_cooperative_grid = launch_pdl = False
-
-
-class _FakeStaticCompiled(_FakeCompiled):
-    asm = {"cubin": b"cubin-bytes"}
-    hash = "abc"
-    metadata = _Meta()
-
-    class src:  # noqa: N801 - as Triton's ASTSource: the signature, constexprs marked
-        signature = {"x_ptr": "*fp32", "n": "i32", "scale": "fp32", "BLOCK": "constexpr",
-                     "FLAG": "constexpr"}  # fmt: skip
-
-
-@pytest.mark.parametrize("n", [10, 1])
-def test_static_launch_passes_runtime_arguments_and_scratch(fake_gpu, monkeypatch, n):
-    """Through torch's static launcher the compiled kernel's own cubin is loaded once and
-    launched with the runtime parameters only (constexprs dropped, an argument Triton made
-    constexpr, such as an int 1, too) and a None per scratch slot."""
-    log: list = []
-    monkeypatch.setattr(launch_mod, "_static_launcher", lambda: _FakeStaticLauncher(log))
-    monkeypatch.setattr(launch_mod, "STATIC", True)
-    compiled = _FakeStaticCompiled(log)
-    kernel = _FakeKernel(compiled)
-    if n == 1:  # Triton specialises an int 1 into a constexpr
-        monkeypatch.setattr(compiled.src, "signature", {**compiled.src.signature, "n": "constexpr"})
-    x = torch.zeros(64)
-    launch_mod.launch(kernel, (3,), x, n, 0.5, BLOCK=4, num_warps=8)
-    assert [e[0] for e in log] == ["jit", "load"]
-    assert log[1][1:] == (b"cubin-bytes", "k_fn", 4096, 0)
-    launch_mod.launch(kernel, (5, 2), x, n, 0.25, BLOCK=4, num_warps=8)
-    how, function, grid, warps, shared, codes, args, stream = log[-1]
-    assert (how, function, grid, warps, shared, stream) == ("static", 99, (5, 2, 1), 8, 4096, 1234)
-    if n == 10:
-        assert codes == "OifOO" and args == (x, 10, 0.25, None, None)
-    else:
-        assert codes == "OfOO" and args == (x, 0.25, None, None)
-
-
-def test_static_launch_is_refused_where_it_cannot_serve(fake_gpu, monkeypatch):
-    """A kernel with a cluster of CTAs, scratch memory or a TMA descriptor keeps Triton's
-    launcher; so does every kernel when OPCONTRACT_STATIC_LAUNCH=0 set STATIC off."""
-    log: list = []
-    monkeypatch.setattr(launch_mod, "_static_launcher", lambda: _FakeStaticLauncher(log))
-    compiled = _FakeStaticCompiled(log)
-    monkeypatch.setattr(launch_mod, "STATIC", True)
-    assert launch_mod._static_handle(compiled, 0) is not None
-    for field, value in (("num_ctas", 2), ("global_scratch_size", 128), ("launch_pdl", True)):
-        with monkeypatch.context() as m:
-            m.setattr(_Meta, field, value)
-            assert launch_mod._static_handle(compiled, 0) is None, field
-    monkeypatch.setattr(compiled.src, "signature", {"desc": "tensordesc<bf16[64, 64]>"})
-    assert launch_mod._static_handle(compiled, 0) is None
-    monkeypatch.setattr(launch_mod, "STATIC", False)
-    monkeypatch.setattr(compiled.src, "signature", {"x_ptr": "*fp32"})
-    assert launch_mod._static_handle(compiled, 0) is None

@@ -5,12 +5,8 @@ first launch of a specialization goes through Triton's JIT, which compiles (or l
 kernel; later launches of the same specialization go straight to the compiled kernel's
 launcher, skipping the JIT's argument binding, cache-key hashing and option parsing, and
 (when no launch hook is installed) the runner's launch metadata and hook calls
-(benchmarks/results/host_profile_h200.json). Where torch has its static CUDA launcher (the
-one Inductor launches Triton's cubins with) and the kernel needs nothing it lacks (one CTA
-per cluster, no scratch, no TMA descriptor, no cooperative or PDL launch), the compiled
-kernel's own cubin is loaded once more through it and launched by it, which costs about
-half Triton's launcher's host time (benchmarks/results/static_launch_probe_h200.json).
-Either way the binary that runs is the one the JIT chose.
+(benchmarks/results/host_profile_h200.json). The binary that runs is the one the JIT
+chose.
 
 The key that finds a compiled kernel is at least as fine as the JIT's specialization (see
 ``_key``). Runtime arguments are positional and constexprs named, so a hit needs no
@@ -21,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from typing import Any
 
 import torch
@@ -29,8 +24,7 @@ import torch
 from opcontract.backends.triton import LAUNCH, interpreting
 
 _PLANS: dict[int, tuple] = {}
-# key -> (kernel, compiled kernel, tail values, static handle | None)
-_COMPILED: dict[tuple, tuple[Any, Any, tuple, tuple | None]] = {}
+_COMPILED: dict[tuple, tuple[Any, Any, tuple]] = {}
 _MAX = 4096
 _TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
@@ -106,89 +100,6 @@ def _direct(compiled, grid: tuple, stream: int, values: tuple) -> bool:
 
 
 _DIRECT_OK = True
-# launch through torch's static CUDA launcher where it serves the kernel (0: never)
-STATIC = os.environ.get("OPCONTRACT_STATIC_LAUNCH", "1") != "0"
-
-# Triton's scalar types as the static launcher's one-letter codes
-_SCALAR_CODES = {
-    "i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l",
-    "u1": "I", "u8": "B", "u16": "H", "u32": "I", "u64": "K",
-    "fp16": "f", "bf16": "f", "fp32": "f", "f32": "f", "fp64": "d",
-}  # fmt: skip
-
-
-@functools.cache
-def _static_launcher():
-    """torch's static CUDA launcher, or None (an older torch, ROCm)."""
-    if torch.version.hip is not None:
-        return None
-    return getattr(torch._C, "_StaticCudaLauncher", None)
-
-
-@functools.cache
-def _cubin_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="opcontract-cubin-")
-
-
-def _static_handle(compiled, device: int) -> tuple | None:
-    """(launch function, CUfunction, num_warps, shared bytes, argument codes, indices of the
-    runtime parameters, scratch slots) to launch ``compiled`` through torch's static launcher;
-    None where it can't serve the kernel, which then keeps Triton's launcher."""
-    launcher = _static_launcher() if STATIC else None
-    md = getattr(compiled, "metadata", None)
-    cubin = getattr(compiled, "asm", {}).get("cubin")
-    signature = getattr(getattr(compiled, "src", None), "signature", None)
-    if launcher is None or md is None or cubin is None or not isinstance(signature, dict):
-        return None
-    if (
-        getattr(md, "num_ctas", 1) != 1
-        or getattr(md, "global_scratch_size", 0)
-        or getattr(md, "profile_scratch_size", 0)
-        or getattr(md, "launch_cooperative_grid", False)
-        or getattr(md, "launch_pdl", False)
-        or tuple(getattr(md, "cluster_dims", None) or (1, 1, 1)) not in ((1, 1, 1), (1,), ())
-        or getattr(md, "tensordesc_meta", None)
-    ):
-        return None
-    codes, keep = [], []
-    for i, ty in enumerate(signature.values()):
-        if ty == "constexpr":
-            continue
-        code = "O" if isinstance(ty, str) and ty.startswith("*") else _SCALAR_CODES.get(ty)
-        if code is None:  # a TMA descriptor, a tuple: Triton's launcher handles it
-            return None
-        keep.append(i)
-        codes.append(code)
-    scratch = hasattr(md, "global_scratch_size") + hasattr(md, "profile_scratch_size")
-    path = os.path.join(_cubin_dir(), f"{getattr(compiled, 'hash', id(compiled))}.cubin")
-    with open(path, "wb") as f:
-        f.write(cubin)
-    try:
-        function = launcher._load_kernel(path, md.name, md.shared, device)[0]
-    except Exception:  # noqa: BLE001 - Triton's launcher serves whatever this one can't
-        return None
-    prefix = keep == list(range(len(keep)))  # the runtime parameters lead: a slice takes them
-    return (
-        launcher._launch_kernel,
-        function,
-        md.num_warps,
-        md.shared,
-        "".join(codes) + "O" * scratch,
-        len(keep) if prefix else tuple(keep),
-        (None,) * scratch,
-    )
-
-
-def _launch_static(handle: tuple, grid: tuple, stream: int, args: tuple, tail: tuple) -> None:
-    fn, function, warps, shared, codes, keep, scratch = handle
-    if type(keep) is int and keep <= len(args):
-        runtime = args[:keep] + scratch
-    else:
-        values = (*args, *tail)
-        runtime = (*(values[i] for i in (range(keep) if type(keep) is int else keep)), *scratch)
-    fn(function, grid[0], grid[1], grid[2], warps, shared, codes, runtime, stream)
 
 
 def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
@@ -206,9 +117,6 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         if hit is not None and hit[0] is kernel:
             g = grid if len(grid) == 3 else (*grid, 1, 1)[:3]
             stream = torch._C._cuda_getCurrentRawStream(device)
-            if hit[3] is not None and _no_hooks():
-                _launch_static(hit[3], g, stream, args, hit[2])
-                return
             values = (*args, *hit[2])
             if not (_DIRECT_OK and _no_hooks() and _direct(hit[1], g, stream, values)):
                 hit[1][g](*values, stream=stream)
@@ -219,17 +127,15 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     bad = [k for k, v in meta.items() if isinstance(v, torch.Tensor)]
     if bad:  # a key holds named values; a tensor there would be keyed (and kept) by identity
         raise TypeError(f"launch: pass runtime arguments positionally, not {bad}")
-    device = torch._C._cuda_getDevice()
     if key is None:
-        key = _key(kernel, device, args, meta)
+        key = _key(kernel, torch._C._cuda_getDevice(), args, meta)
     try:
         hash(key)
     except TypeError:  # an unhashable argument: every launch of it goes through the JIT
         return
     if len(_COMPILED) >= _MAX:
         _COMPILED.clear()
-    tail = _tail(kernel, args, {**LAUNCH, **meta})
-    _COMPILED[key] = (kernel, compiled, tail, _static_handle(compiled, device))
+    _COMPILED[key] = (kernel, compiled, _tail(kernel, args, {**LAUNCH, **meta}))
 
 
 def clear() -> None:
