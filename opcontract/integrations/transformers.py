@@ -368,7 +368,9 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
         if mask is None:
             seen = past_key_values.get_seq_length(self.layer_idx) if past_key_values else 0
             mask = torch.ones(B, seen + L, dtype=torch.bool, device=q.device)
-        pos = positions_from_mask(mask)[:, -L:].clamp(min=0)  # padding's rows are never read
+        cp = getattr(self, "_opcontract_cp", None)  # opcontract.parallel.context's chunk
+        rows = slice(-L, None) if cp is None else cp.rows(mask.shape[1], L)
+        pos = positions_from_mask(mask)[:, rows].clamp(min=0)  # padding's rows are never read
         qk = qk_op(q.reshape(B * L, -1, D), k.reshape(B * L, -1, D), pos.reshape(-1),
                    layer=kind, rope_theta=rope_theta, qk_scale=self.qk_scale_factor,
                    eps=self.qk_norm.eps)  # fmt: skip

@@ -27,9 +27,11 @@ def _full(g: torch.Tensor) -> torch.Tensor:
     return g.full_tensor() if isinstance(g, DTensor) else g
 
 
-def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, **kw) -> dict:
+def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, context: bool = False,
+         **kw) -> dict:  # fmt: skip
     """Log-probs, loss and every parameter's gradient of one training step of the tiny
-    patched Muse Glimmer, sharded over ``mesh`` (None: one rank) when ``shard``."""
+    patched Muse Glimmer, sharded over ``mesh`` (None: one rank) when ``shard``: by tensor
+    parallelism, or with ``context`` by context parallelism (``kw``: its ``combine``)."""
     from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
     from opcontract.integrations.transformers import apply_opcontract, token_logprobs
     from opcontract.parallel import parallelize_muse_glimmer, provenance
@@ -37,7 +39,12 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, **kw)
 
     model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0, vocab=vocab), backend="torch")
     prov = None
-    if shard:
+    if shard and context:
+        from opcontract.parallel import context as cp
+
+        cp.context_parallel_muse_glimmer(model, mesh, **kw)
+        prov = cp.provenance(model)
+    elif shard:
         parallelize_muse_glimmer(model, mesh, **kw)
         prov = provenance(model)
     ids, mask = left_padded(STEP_LENGTHS, vocab=vocab)
