@@ -1,8 +1,8 @@
 """Context-parallel invariance on gloo CPU processes: one training step of the tiny random
 Muse Glimmer (the real layer schedule, a left-padded batch of lengths 7, 5, 9) with its
-sequences split over 2 ranks, against the unsharded patched model: mismatch counts for the
-strict form and for the collective-sum control, the control's largest relative error, and
-the step time.
+sequences split over 2 ranks (and 4, lengths 7, 5, 13), against the unsharded patched
+model: mismatch counts for the strict form and for the collective-sum control, the
+control's largest relative error, and the step time.
 
     python benchmarks/cp_invariance_cpu.py --out benchmarks/results/cp_invariance_cpu.json
 """
@@ -35,14 +35,20 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = []
+    runs = ((2, None, "tree"), (2, None, "all_reduce"), (4, [7, 5, 13], "tree"))
     for dtype in (torch.float32, torch.bfloat16):
-        one = selfcheck.step(None, dtype, shard=False)
-        for combine in ("tree", "all_reduce"):
+        ones = {}
+        for world, lengths, combine in runs:
+            key = tuple(lengths or selfcheck.STEP_LENGTHS)
+            if key not in ones:
+                ones[key] = selfcheck.step(None, dtype, shard=False, lengths=list(key))
+            one = ones[key]
             with tempfile.TemporaryDirectory() as d:
-                res = selfcheck.run(2, d, dtype, context=True, combine=combine)
+                res = selfcheck.run(world, d, dtype, context=True, combine=combine,
+                                    lengths=list(key))  # fmt: skip
             per_rank = [selfcheck.mismatches(r, one) for r in res]
             rows.append(dict(
-                dtype=str(dtype), degree=2, combine=combine,
+                dtype=str(dtype), degree=world, lengths=list(key), combine=combine,
                 form=res[0]["provenance"]["backward"], compared_with="unsharded patched model",
                 tensors=2 + len(one["grads"]),
                 mismatched_tensors=[len(m) for m in per_rank],

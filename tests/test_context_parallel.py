@@ -35,6 +35,28 @@ def test_cp2_gives_the_one_rank_bits(dtype, tmp_path):
         assert "one-rank backward" in p["backward"]
 
 
+def test_cp4_gives_the_one_rank_bits(tmp_path):
+    """Four chunks of a 13-column batch (4, 4, 4, 1 rows): the one-rank bits on every rank."""
+    lengths = [7, 5, 13]
+    one = selfcheck.step(None, torch.float32, shard=False, lengths=lengths)
+    for r, res in enumerate(run(4, tmp_path, torch.float32, lengths=lengths)):
+        assert mismatches(res, one) == {}, f"rank {r}"
+        assert res["provenance"]["degree"] == 4
+
+
+def test_a_rank_left_without_rows_is_refused():
+    """9 columns over 4 ranks leave the last none: refused, on every rank alike (each
+    computes every rank's chunk), before any collective."""
+    from opcontract.parallel.context import _Shard
+
+    for rank in range(4):
+        cp = ContextState(Ranks(None, rank, 4), "tree")
+        with pytest.raises(ParallelPlanError, match="leaves rank 3 of 4 no rows.*at least 10"):
+            _Shard.apply(torch.zeros(1, 9, 2), cp)
+    cp = ContextState(Ranks(None, 3, 4), "tree")
+    assert _Shard.apply(torch.zeros(1, 10, 2), cp).shape == (1, 1, 2)
+
+
 def test_cp_collective_sums_differ(tmp_path):
     """Stock context parallelism (each chunk's weight gradients and gathered keys' gradients
     summed by the collective): the forward's bits stay, the gradients' move."""

@@ -87,8 +87,15 @@ class _Shard(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, cp: ContextState) -> torch.Tensor:
         ctx.cp = cp
-        cp.length = t.shape[1]
-        lo, hi = cp.bounds(t.shape[1])
+        cp.length = n = t.shape[1]
+        last = ContextState(Ranks(None, cp.ranks.size - 1, cp.ranks.size), cp.combine)
+        if cp.ranks.size > 1 and last.bounds(n)[0] >= n:  # every rank sees this: none waits
+            raise ParallelPlanError(
+                f"context parallel: a sequence of {n} leaves rank {cp.ranks.size - 1} of "
+                f"{cp.ranks.size} no rows (chunks of {-(-n // cp.ranks.size)}); pad the batch "
+                f"to at least {(cp.ranks.size - 1) * -(-n // cp.ranks.size) + 1} columns"
+            )
+        lo, hi = cp.bounds(n)
         return t[:, lo:hi]
 
     @staticmethod

@@ -28,7 +28,7 @@ def _full(g: torch.Tensor) -> torch.Tensor:
 
 
 def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, context: bool = False,
-         **kw) -> dict:  # fmt: skip
+         lengths: list[int] | None = None, **kw) -> dict:  # fmt: skip
     """Log-probs, loss and every parameter's gradient of one training step of the tiny
     patched Muse Glimmer, sharded over ``mesh`` (None: one rank) when ``shard``: by tensor
     parallelism, or with ``context`` by context parallelism (``kw``: its ``combine``)."""
@@ -47,7 +47,7 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, conte
     elif shard:
         parallelize_muse_glimmer(model, mesh, **kw)
         prov = provenance(model)
-    ids, mask = left_padded(STEP_LENGTHS, vocab=vocab)
+    ids, mask = left_padded(lengths or STEP_LENGTHS, vocab=vocab)
     labels = ids.masked_fill(mask == 0, -100)
     t0 = time.perf_counter()
     with activation_trace(model) as trace:
