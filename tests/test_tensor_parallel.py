@@ -50,6 +50,21 @@ def test_tp_degree_gives_the_one_rank_bits(world, kv_policy, dtype, one_rank, tm
         assert p["kv_replica_group"] == ([r] if world <= 2 else [r // 2 * 2, r // 2 * 2 + 1])
 
 
+def test_tp8_gives_the_one_rank_bits(tmp_path):
+    """TP 8 on the tiny model with 8 query heads: one query head a rank, each KV head
+    replicated by a group of 4 ranks; every rank holds the one-rank bits."""
+    ref = selfcheck.step(None, torch.float32, heads=8)
+    for r, res in enumerate(run(8, tmp_path, torch.float32, kv_policy="replicate", heads=8)):
+        assert mismatches(res, ref) == {}, f"rank {r}"
+        p = res["provenance"]
+        assert (p["degree"], p["kv_shards"]) == (8, 2)
+        assert p["kv_replica_group"] == list(range(r // 4 * 4, r // 4 * 4 + 4))
+        shapes = res["local_shapes"]
+        assert shapes["model.language_model.layers.0.self_attn.q_proj.weight"] == (8, 32)
+        assert shapes["model.language_model.layers.0.self_attn.k_proj.weight"] == (16, 32)
+        assert shapes["model.language_model.layers.0.mlp.down_proj.weight"] == (32, 6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_sharded_rollout_equals_training_at_every_degree(dtype, tmp_path):
     """A rollout engine at TP 2 (generate with the KV cache) and a trainer at TP 1 give every

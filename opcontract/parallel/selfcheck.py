@@ -28,7 +28,7 @@ def _full(g: torch.Tensor) -> torch.Tensor:
 
 
 def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, context: bool = False,
-         lengths: list[int] | None = None, **kw) -> dict:  # fmt: skip
+         lengths: list[int] | None = None, heads: int = 4, **kw) -> dict:  # fmt: skip
     """Log-probs, loss and every parameter's gradient of one training step of the tiny
     patched Muse Glimmer, sharded over ``mesh`` (None: one rank) when ``shard``: by tensor
     parallelism, or with ``context`` by context parallelism (``kw``: its ``combine``)."""
@@ -37,7 +37,8 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, conte
     from opcontract.parallel import parallelize_muse_glimmer, provenance
     from opcontract.parallel.trace import activation_trace
 
-    model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0, vocab=vocab), backend="torch")
+    model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0, vocab=vocab, heads=heads),
+                             backend="torch")  # fmt: skip
     prov = None
     if shard and context:
         from opcontract.parallel import context as cp
