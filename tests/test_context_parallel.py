@@ -14,6 +14,7 @@ from opcontract.parallel.collectives import Ranks  # noqa: E402
 from opcontract.parallel.context import ContextState, context_parallel_muse_glimmer  # noqa: E402
 from opcontract.parallel.selfcheck import mismatches  # noqa: E402
 from opcontract.parallel.styles import ParallelPlanError  # noqa: E402
+from opcontract.parallel.trace import first_difference  # noqa: E402
 
 
 def run(world: int, tmp_path, dtype, **kw) -> list[dict]:
@@ -30,6 +31,8 @@ def test_cp2_gives_the_one_rank_bits(dtype, tmp_path):
     assert len(one["grads"]) > 20
     for r, res in enumerate(run(2, tmp_path, dtype)):
         assert mismatches(res, one) == {}, f"rank {r}"
+        assert first_difference(res["trace"], one["trace"]) is None  # chunks gathered
+        assert len(res["trace"]) == len(one["trace"]) > 30
         p = res["provenance"]
         assert (p["degree"], p["rank"], p["combine"]) == (2, r, "tree")
         assert "one-rank backward" in p["backward"]

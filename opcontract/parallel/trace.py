@@ -6,6 +6,9 @@ attention and MLP output (after the row-parallel combine), each layer's output. 
 each such module records its output's SHA-256 in call order; ``first_difference`` names the
 first module whose bits differ. Column-parallel roles (a rank's shard when sharded) are
 not traced, sharded or not, so a sharded run's trace lines up with an unsharded one's.
+Under context parallelism (``opcontract.parallel.context``) a module's output over a rank's
+chunk of the sequence is gathered into the whole sequence before it is digested (every rank
+runs the same hooks in the same order), so a CP run's trace lines up with one rank's too.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def activation_trace(model: nn.Module) -> Iterator[list[tuple[str, str]]]:
     records: list[tuple[str, str]] = []
     handles = []
     cols = _column_roles()
+    cp = getattr(model, "_opcontract_cp", None)
     for name, mod in model.named_modules():
         if not name or not _replicated(name, cols):
             continue
@@ -52,7 +56,7 @@ def activation_trace(model: nn.Module) -> Iterator[list[tuple[str, str]]]:
         def hook(m, args, out, name=name):
             t = out[0] if isinstance(out, tuple) else getattr(out, "last_hidden_state", out)
             if isinstance(t, torch.Tensor):
-                records.append((name, _digest(t)))
+                records.append((name, _digest(_whole(t, cp))))
 
         handles.append(mod.register_forward_hook(hook))
     try:
@@ -60,6 +64,15 @@ def activation_trace(model: nn.Module) -> Iterator[list[tuple[str, str]]]:
     finally:
         for h in handles:
             h.remove()
+
+
+def _whole(t: torch.Tensor, cp) -> torch.Tensor:
+    """``t``, or the whole sequence when it is a context-parallel rank's chunk of it."""
+    if cp is None or not cp.active or t.dim() < 2 or t.shape[1] == cp.length:
+        return t
+    from opcontract.parallel.context import _gather_rows
+
+    return _gather_rows(t.detach().contiguous(), cp, cp.length)
 
 
 def first_difference(a: list, b: list) -> tuple[int, str] | None:
