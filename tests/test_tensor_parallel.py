@@ -85,13 +85,15 @@ def test_sharded_rollout_equals_training_at_every_degree(dtype, tmp_path):
 )
 def test_vocab_parallel_head_gives_the_one_rank_bits(world, kv_policy, dtype, tmp_path):
     """The LM head's rows sharded too (head="vocab", a vocabulary of 104 = 8 segments of 13):
-    loss, log-probs and every gradient, the head's included, equal one rank's."""
+    loss, log-probs, entropy, argmax and every gradient, the head's included, equal one
+    rank's."""
     ref = selfcheck.step(None, dtype, vocab=104, head="vocab")
     plain = selfcheck.step(None, dtype, vocab=104)
     assert mismatches(ref, plain)  # the segmented head is its own arithmetic
     for r, res in enumerate(run(world, tmp_path, dtype, vocab=104, head="vocab",
                                 kv_policy=kv_policy)):  # fmt: skip
-        assert mismatches(res, ref) == {}, f"rank {r}"
+        assert mismatches(res, ref) == {}, f"rank {r}"  # entropy and argmax included
+        assert res["entropy"].shape == res["predicted"].shape == (3 * 8,)
         assert res["local_shapes"]["lm_head.weight"] == (104 // world, 32)
         assert res["provenance"]["head"] == "vocab"
 

@@ -50,17 +50,27 @@ def _exp(x: torch.Tensor) -> torch.Tensor:  # float64, rounded once: the same on
     return torch.exp(x.double()).float()
 
 
-def merge_max_sum(a: tuple, b: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """The online max / rescale merge of two (max, sum of exp(z - max)) row partials:
-    M = max(m1, m2), S = S1 exp(m1 - M) + S2 exp(m2 - M)."""
+def merge_max_sum(a: tuple, b: tuple) -> tuple[torch.Tensor, ...]:
+    """The online max / rescale merge of two (max, sum of exp(z - max), *more sums) row
+    partials: M = max(m1, m2), S = S1 exp(m1 - M) + S2 exp(m2 - M), every further sum (such
+    as sum exp(z - max) z) rescaled by the same two factors."""
     m = torch.maximum(a[0], b[0])
-    return m, a[1] * _exp(a[0] - m) + b[1] * _exp(b[0] - m)
+    fa, fb = _exp(a[0] - m), _exp(b[0] - m)
+    return (m, *(x * fa + y * fb for x, y in zip(a[1:], b[1:], strict=True)))
 
 
-def adjacent_tree_merge(parts: list) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max, sum) partials (a power-of-two count) merged by the adjacent-pair tree."""
+def merge_argmax(a: tuple, b: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, index) of two row partials, ``a`` covering the lower indices: b only where its
+    max is larger (ties go to the lowest index)."""
+    take = b[0] > a[0]
+    return torch.where(take, b[0], a[0]), torch.where(take, b[1], a[1])
+
+
+def adjacent_tree_merge(parts: list, merge=merge_max_sum) -> tuple[torch.Tensor, ...]:
+    """Row partials (a power-of-two count, ascending) merged by the adjacent-pair tree:
+    (max, sum, ...) by ``merge_max_sum``, or by ``merge`` (``merge_argmax``)."""
     if len(parts) & (len(parts) - 1) or not parts:
         raise ValueError(f"adjacent_tree_merge needs a power-of-two count, got {len(parts)}")
     while len(parts) > 1:
-        parts = [merge_max_sum(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
-    return parts[0]
+        parts = [merge(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+    return tuple(parts[0])

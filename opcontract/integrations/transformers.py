@@ -480,14 +480,13 @@ def logprob_head(
     text = model.config.text_config
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
-        if entropy or predicted:
-            raise OpcontractPatchError(
-                "entropy and the argmax through a vocabulary-parallel head are not served yet; "
-                "parallelize with head='replicate'"
-            )
         w = model.lm_head.weight
         w = w.to_local() if hasattr(w, "to_local") else w
-        return LogprobOutput(logprob=sharded.logprob(hidden, w, targets))
+        lp = sharded.logprob(hidden, w, targets)
+        if not (entropy or predicted):
+            return LogprobOutput(logprob=lp)
+        ent, pred = sharded.head_outputs(hidden, w, entropy, predicted)  # entropy: no gradient
+        return LogprobOutput(logprob=lp, entropy=ent, predicted=pred)
     out = dispatch.op("softcap_logprob", backend=backend)(
         hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from opcontract import dispatch
-from opcontract.backends.fixed_order import adjacent_tree_merge, adjacent_tree_sum
+from opcontract.backends.fixed_order import adjacent_tree_merge, adjacent_tree_sum, merge_argmax
 from opcontract.parallel.collectives import Ranks, _all_gather
 
 
@@ -43,8 +43,36 @@ class VocabParallelHead:
         m, s = adjacent_tree_merge([(p[0], p[1]) for p in parts])
         return m + _log(s), adjacent_tree_sum(torch.stack([p[2] for p in parts]))
 
+    def entropy_and_argmax(self, hidden, weight, entropy: bool, predicted: bool):
+        """(entropy [T] | None, argmax over the whole vocabulary [T] | None): each slice's
+        (max, sum, sum exp(z - max) z) merged by the tree's top as the lse is, entropy =
+        lse - zsum / sum (softcap_logprob's form); the argmax the lowest slice's among the
+        largest maxima, at its index."""
+        st = self.stats(hidden, weight, torch.full_like(hidden[:, 0], -1, dtype=torch.long),
+                        segments=self.segments, return_entropy=entropy,
+                        return_predicted=predicted, **self.kw)  # fmt: skip
+        ent = pred = None
+        if entropy:
+            parts = _all_gather(torch.stack([st.row_max, st.row_sumexp, st.row_zsum]), self.ranks)
+            m, s, w = adjacent_tree_merge([tuple(p) for p in parts])
+            ent = (m + _log(s)) - w / s
+        if predicted:
+            maxima = _all_gather(st.row_max, self.ranks)
+            where = _all_gather(st.predicted + self.lo, self.ranks)
+            pred = adjacent_tree_merge(list(zip(maxima, where, strict=True)), merge_argmax)[1]
+        return ent, pred
+
     def logprob(self, hidden, weight, targets, ignore_index: int = -100) -> torch.Tensor:
         return _Logprob.apply(hidden, weight, targets, self, ignore_index)
+
+    def head_outputs(self, hidden, weight, entropy: bool, predicted: bool):
+        """(entropy, predicted) of ``entropy_and_argmax``; the entropy carries no gradient
+        here: a loss that differentiates it raises in backward (not served yet)."""
+        with torch.no_grad():
+            ent, pred = self.entropy_and_argmax(hidden, weight, entropy, predicted)
+        if ent is not None and hidden.requires_grad:
+            ent = _NoEntropyGrad.apply(ent, hidden)
+        return ent, pred
 
     def logits(self, hidden, weight) -> tuple[torch.Tensor, torch.Tensor]:
         """(float32 logits [T, V] gathered from the slices, lse [T]) for T <= 256 rows."""
@@ -54,6 +82,19 @@ class VocabParallelHead:
             none = torch.full((hidden.shape[0],), -1, dtype=torch.long, device=hidden.device)
             lse, _ = self.lse_and_target(hidden, weight, none)
         return full, lse
+
+
+class _NoEntropyGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, entropy, hidden):
+        return entropy.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise NotImplementedError(
+            "the entropy's gradient through a vocabulary-parallel head is not served yet; "
+            "detach it, or parallelize with head='replicate'"
+        )
 
 
 class _Logprob(torch.autograd.Function):

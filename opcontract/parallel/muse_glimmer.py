@@ -107,8 +107,9 @@ def parallelize_muse_glimmer(
     one rank, the same segmented arithmetic). Every degree dividing ``segments`` gives the
     same log-probabilities and gradients, bitwise. Raises ``ParallelPlanError`` on every
     rank, before sharding, when a degree does not divide what it must. ``head="vocab"``
-    shards the LM head's rows too (``opcontract.parallel.head``; log-probs and the loss, no
-    entropy yet), which needs the vocabulary to split into ``segments``."""
+    shards the LM head's rows too (``opcontract.parallel.head``: log-probs, the loss, the
+    entropy without its gradient, the argmax), which needs the vocabulary to split into
+    ``segments``."""
     from opcontract.integrations.transformers import is_patched, patched_backend
 
     if not is_patched(model):

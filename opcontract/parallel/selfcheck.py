@@ -33,7 +33,11 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, conte
     patched Muse Glimmer, sharded over ``mesh`` (None: one rank) when ``shard``: by tensor
     parallelism, or with ``context`` by context parallelism (``kw``: its ``combine``)."""
     from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
-    from opcontract.integrations.transformers import apply_opcontract, token_logprobs
+    from opcontract.integrations.transformers import (
+        apply_opcontract,
+        logprob_head,
+        token_logprobs,
+    )
     from opcontract.parallel import parallelize_muse_glimmer, provenance
     from opcontract.parallel.trace import activation_trace
 
@@ -57,6 +61,10 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, conte
     ramp = torch.linspace(-1.0, 1.0, lp.numel()).reshape(lp.shape)
     (loss + (lp * ramp).sum()).backward()
     seconds = time.perf_counter() - t0
+    with torch.no_grad():  # the trainer's other head outputs (TRL's entropy and is_top1)
+        hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        rows = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        head = logprob_head(model, rows, ids[:, 1:].reshape(-1), entropy=True, predicted=True)
     grads = {
         n: _full(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None
     }
@@ -66,8 +74,9 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, conte
         if n.endswith(("layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
                        "layers.0.mlp.down_proj.weight", "embed_tokens.weight", "lm_head.weight"))
     }  # fmt: skip
-    return dict(loss=loss.detach(), logprobs=lp.detach(), grads=grads, provenance=prov,
-                local_shapes=local, seconds=seconds, trace=trace)  # fmt: skip
+    return dict(loss=loss.detach(), logprobs=lp.detach(), entropy=head.entropy,
+                predicted=head.predicted, grads=grads, provenance=prov, local_shapes=local,
+                seconds=seconds, trace=trace)  # fmt: skip
 
 
 def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, vocab: int = 97, **kw) -> dict:
@@ -120,9 +129,12 @@ def run(world: int, workdir: str | None = None, dtype: torch.dtype = torch.float
 
 
 def mismatches(a: dict, b: dict) -> dict[str, int]:
-    """Elements that differ between two ``step`` results, per tensor (absent: equal)."""
+    """Elements that differ between two ``step`` results, per tensor (absent: equal): loss,
+    log-probs, entropy, argmax and every gradient."""
     out = {}
-    for key in ("loss", "logprobs"):
+    for key in ("loss", "logprobs", "entropy", "predicted"):
+        if key not in a or key not in b:  # results saved before these were recorded
+            continue
         if not torch.equal(a[key], b[key]):
             out[key] = int((a[key] != b[key]).sum())
     if a["grads"].keys() != b["grads"].keys():

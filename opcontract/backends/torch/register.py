@@ -247,6 +247,10 @@ register(
     plan={
         "gemm_k": _plan(block=1),
         "vocab_lse": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale", split="fixed_blocks"),
+        "vocab_entropy": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale",
+                               split="fixed_blocks"),
+        "vocab_argmax": ReductionPlan(accumulate="int64", block=slp.VOCAB_BLOCK,
+                                      merge="argmax_lowest", split="fixed_blocks"),
         "segment_tree": _plan(block=1, order="pairwise", merge="online_max_rescale"),
     },
     summary="softcap_logprob's strict blocks per segment, an adjacent-pair tree of merges",

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from opcontract.backends.fixed_order import adjacent_tree_merge, adjacent_tree_sum, tree_sum
+from opcontract.backends.fixed_order import (
+    adjacent_tree_merge,
+    adjacent_tree_sum,
+    merge_argmax,
+    tree_sum,
+)
 from opcontract.backends.torch import elementwise as ew
 from opcontract.backends.torch.softcap_logprob import (
     VOCAB_BLOCK,
@@ -23,16 +28,20 @@ def _dz64(hidden, weight, multiplier, softcap):
     return multiplier * (1.0 - torch.tanh(y / softcap) ** 2)
 
 
-def reference_stats(hidden, weight, targets, *, multiplier=1.0, softcap=None, segments=1):
+def reference_stats(hidden, weight, targets, *, multiplier=1.0, softcap=None, segments=1,
+                    return_entropy=False, return_predicted=False):  # fmt: skip
     from opcontract.outputs import SliceStatsOutput
 
     z = logits64(hidden, weight, multiplier, softcap)
     t = targets.long()
     m = z.max(dim=1).values if z.shape[1] else z.new_full((z.shape[0],), -torch.inf)
-    s = torch.exp(z - m[:, None]).sum(dim=1)
+    e = torch.exp(z - m[:, None])
+    s = e.sum(dim=1)
     here = t >= 0
     zt = torch.where(here, z.gather(1, torch.where(here, t, 0)[:, None])[:, 0], 0.0)
-    return SliceStatsOutput(m, s, zt)
+    w = (e * z).sum(dim=1) if return_entropy else None
+    pred = z.argmax(dim=1) if return_predicted else None  # the first of the maxima
+    return SliceStatsOutput(m, s, zt, w, pred)
 
 
 def reference_grad(hidden, weight, targets, lse, grad_logprob, *, multiplier=1.0,
@@ -47,39 +56,56 @@ def reference_grad(hidden, weight, targets, lse, grad_logprob, *, multiplier=1.0
 
 
 def _segment_stats(h32, weight, t, multiplier, softcap):
-    """(max, sum, target logit or 0) of one segment: softcap_logprob's vocab_lse walk."""
+    """(max, sum, target logit or 0, sum exp(z - max) z, argmax) of one segment:
+    softcap_logprob's vocab_lse, vocab_entropy and vocab_argmax walks."""
     T, V = h32.shape[0], weight.shape[0]
     f32 = dict(dtype=torch.float32, device=h32.device)
     run_max = torch.full((T,), float("-inf"), **f32)
     run_sum = torch.zeros(T, **f32)
+    run_zsum = torch.zeros(T, **f32)
+    arg_max = torch.full((T,), float("-inf"), **f32)
+    arg_idx = torch.zeros(T, dtype=torch.int64, device=h32.device)
     z_target = torch.zeros(T, **f32)
     for v0 in range(0, V, VOCAB_BLOCK):
         z, _, valid = _block_logits(h32, weight, v0, multiplier, softcap)
         z = torch.where(valid, z, float("-inf"))
         m_b = z.max(dim=1).values
-        s_b = tree_sum(ew.exp(z - m_b[:, None]))
+        e = ew.exp(z - m_b[:, None])
+        s_b = tree_sum(e)
+        w_b = tree_sum(torch.where(valid, e * z, 0.0))
         new_max = torch.maximum(run_max, m_b)
-        run_sum = run_sum * ew.exp(run_max - new_max) + s_b * ew.exp(m_b - new_max)
+        old_scale, b_scale = ew.exp(run_max - new_max), ew.exp(m_b - new_max)
+        run_sum = run_sum * old_scale + s_b * b_scale
+        run_zsum = run_zsum * old_scale + w_b * b_scale
         run_max = new_max
+        first = (z == m_b[:, None]).int().argmax(dim=1) + v0
+        arg_idx = torch.where(m_b > arg_max, first, arg_idx)
+        arg_max = torch.maximum(arg_max, m_b)
         hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
         zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
         z_target = torch.where(hit, zt, z_target)
-    return run_max, run_sum, z_target
+    return run_max, run_sum, z_target, run_zsum, (arg_max, arg_idx)
 
 
-def stats_forward(config, hidden, weight, targets, *, multiplier, softcap, segments):
+def stats_forward(config, hidden, weight, targets, *, multiplier, softcap, segments,
+                  return_entropy=False, return_predicted=False):  # fmt: skip
     V = weight.shape[0]
     width = V // segments
     h32, t = hidden.float(), targets.long()
-    parts, zts = [], []
+    parts, zts, args = [], [], []
     for s in range(segments):
         lo = s * width
         local = torch.where((t >= lo) & (t < lo + width), t - lo, -1)
-        m, ssum, zt = _segment_stats(h32, weight[lo : lo + width], local, multiplier, softcap)
-        parts.append((m, ssum))
+        m, ssum, zt, w, (am, ai) = _segment_stats(h32, weight[lo : lo + width], local,
+                                                  multiplier, softcap)  # fmt: skip
+        parts.append((m, ssum, w) if return_entropy else (m, ssum))
         zts.append(zt)
-    m, ssum = adjacent_tree_merge(parts)
-    return m, ssum, adjacent_tree_sum(torch.stack(zts))  # one segment holds a target: exact
+        args.append((am, ai + lo))
+    merged = adjacent_tree_merge(parts)
+    zsum = merged[2] if return_entropy else None
+    pred = adjacent_tree_merge(args, merge_argmax)[1] if return_predicted else None
+    zt = adjacent_tree_sum(torch.stack(zts))  # one segment holds a target: exact
+    return merged[0], merged[1], zt, zsum, pred
 
 
 def grad_forward(config, hidden, weight, targets, lse, grad_logprob, *, multiplier, softcap,
