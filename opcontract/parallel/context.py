@@ -51,10 +51,14 @@ class ContextState:
     active: bool = True
     length: int = 0  # the whole sequence's, set as the embedding's output is split
 
+    def chunk(self, length: int) -> int:
+        """Rows per rank of a sequence of ``length``: ceil(length / degree)."""
+        return -(-length // self.ranks.size)
+
     def bounds(self, length: int) -> tuple[int, int]:
-        """This rank's rows [lo, hi) of a sequence of ``length``: chunks of ceil(length /
-        degree), the last one shorter (or empty)."""
-        size = -(-length // self.ranks.size)
+        """This rank's rows [lo, hi) of a sequence of ``length``: chunks of ``chunk``, the
+        last one shorter (or empty)."""
+        size = self.chunk(length)
         lo = min(length, self.ranks.rank * size)
         return lo, min(length, lo + size)
 
@@ -73,8 +77,7 @@ class ContextState:
 
 def _gather_rows(t: torch.Tensor, cp: ContextState, length: int) -> torch.Tensor:
     """Every rank's chunk of dim 1, in rank order: the whole sequence (padded chunks trimmed)."""
-    size = -(-length // cp.ranks.size)
-    pad = size - t.shape[1]
+    pad = cp.chunk(length) - t.shape[1]
     if pad:
         t = torch.cat([t, t.new_zeros(t.shape[0], pad, *t.shape[2:])], dim=1)
     return torch.cat(_all_gather(t, cp.ranks), dim=1)[:, :length]
@@ -88,12 +91,12 @@ class _Shard(torch.autograd.Function):
     def forward(ctx, t: torch.Tensor, cp: ContextState) -> torch.Tensor:
         ctx.cp = cp
         cp.length = n = t.shape[1]
-        last = ContextState(Ranks(None, cp.ranks.size - 1, cp.ranks.size), cp.combine)
-        if cp.ranks.size > 1 and last.bounds(n)[0] >= n:  # every rank sees this: none waits
+        size, last = cp.chunk(n), cp.ranks.size - 1
+        if last and last * size >= n:  # the last rank gets no rows: every rank sees this
             raise ParallelPlanError(
-                f"context parallel: a sequence of {n} leaves rank {cp.ranks.size - 1} of "
-                f"{cp.ranks.size} no rows (chunks of {-(-n // cp.ranks.size)}); pad the batch "
-                f"to at least {(cp.ranks.size - 1) * -(-n // cp.ranks.size) + 1} columns"
+                f"context parallel: a sequence of {n} leaves rank {last} of {cp.ranks.size} "
+                f"no rows (chunks of {size}); pad the batch to at least {last * size + 1} "
+                "columns"
             )
         lo, hi = cp.bounds(n)
         return t[:, lo:hi]
@@ -130,13 +133,14 @@ class _LayerOnWholeSequence(torch.autograd.Function):
     def forward(ctx, h, cp, run, kw, *params):
         ctx.save_for_backward(h)
         ctx.cp, ctx.run, ctx.kw, ctx.length = cp, run, kw, kw["attention_mask"].shape[1]
+        ctx.params = params
         return run(h, **kw)
 
     @staticmethod
     def backward(ctx, g):
         (h,) = ctx.saved_tensors
         cp, n = ctx.cp, ctx.length
-        params = [p for p in _params_of(ctx.run) if p.requires_grad]
+        params = [p for p in ctx.params if p.requires_grad]
         h_all, g_all = _gather_rows(h, cp, n), _gather_rows(g.contiguous(), cp, n)
         cp.active = False
         try:
@@ -148,12 +152,8 @@ class _LayerOnWholeSequence(torch.autograd.Function):
             cp.active = True
         lo, hi = cp.bounds(n)
         by_param = dict(zip(map(id, params), grads[1:], strict=True))
-        dparams = [by_param.get(id(p)) for p in _params_of(ctx.run)]
+        dparams = [by_param.get(id(p)) for p in ctx.params]
         return grads[0][:, lo:hi], None, None, None, *dparams
-
-
-def _params_of(run) -> list[nn.Parameter]:
-    return list(run.__self__.parameters())
 
 
 def _layer_forward(layer: nn.Module, cp: ContextState):

@@ -51,13 +51,14 @@ class VocabParallelHead:
         st = self.stats(hidden, weight, torch.full_like(hidden[:, 0], -1, dtype=torch.long),
                         segments=self.segments, return_entropy=entropy,
                         return_predicted=predicted, **self.kw)  # fmt: skip
-        ent = pred = None
+        ent = pred = maxima = None
         if entropy:
             parts = _all_gather(torch.stack([st.row_max, st.row_sumexp, st.row_zsum]), self.ranks)
             m, s, w = adjacent_tree_merge([tuple(p) for p in parts])
             ent = (m + _log(s)) - w / s
+            maxima = [p[0] for p in parts]
         if predicted:
-            maxima = _all_gather(st.row_max, self.ranks)
+            maxima = maxima or _all_gather(st.row_max, self.ranks)
             where = _all_gather(st.predicted + self.lo, self.ranks)
             pred = adjacent_tree_merge(list(zip(maxima, where, strict=True)), merge_argmax)[1]
         return ent, pred
