@@ -6,9 +6,11 @@ An eager decode step issues ~15 op calls per layer from Python under torch.no_gr
 bounds it is the host's time to issue each call, not the GPU's to run it. Each round issues
 ``n`` calls back to back without synchronising and times that on the host (the GPU queue
 holds them; it drains before the next round); the median round over the calls is the host
-time per call. The GPU time of one call (CUDA-graph replay) is reported beside it: where it
-exceeds the host time, a loop of calls is GPU-bound and the host figure is what Python adds.
-Run it under another checkout's PYTHONPATH (``--label``) to compare two commits on one host.
+time per call. Ours and the peer's rounds alternate, and the ratio is the median of the
+rounds' ratios (the host drifts by several times within a minute). The GPU time of one
+call (CUDA-graph replay) is reported beside it: where it exceeds the host time, a loop of
+calls is GPU-bound and the host figure is what Python adds. Run it under another
+checkout's PYTHONPATH (``--label``) to compare two commits on one host.
 """
 
 from __future__ import annotations
@@ -43,6 +45,26 @@ def host_us(fn, n: int, rounds: int) -> float:
         per_call.append((time.perf_counter() - t0) / n * 1e6)
     torch.cuda.synchronize()
     return statistics.median(per_call)
+
+
+def paired_host_us(ours, peer, n: int, rounds: int) -> tuple[float, float, float]:
+    """Host time per call of ``ours`` and ``peer`` timed in alternating rounds (the host's
+    drift hits both alike): the median of each, and the median of the per-round ratios."""
+    for fn in (ours, peer):
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    a, b = [], []
+    for _ in range(rounds):
+        for fn, acc in ((ours, a), (peer, b)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            acc.append((time.perf_counter() - t0) / n * 1e6)
+    torch.cuda.synchronize()
+    ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
+    return statistics.median(a), statistics.median(b), ratio
 
 
 def gpu_us(fn) -> float | None:
@@ -114,46 +136,94 @@ def cases(parameters: bool = False):
 
 
 def layers(n: int, rounds: int) -> list[dict]:
-    """rms_norm T=1 taken apart: where an eager call's host time goes, layer by layer."""
+    """rms_norm T=1 taken apart: where an eager call's host time goes, layer by layer, each
+    layer timed in every round (round robin: the host's drift hits them alike)."""
+    from opcontract.backends.triton import LAUNCH
     from opcontract.backends.triton import rms_norm as tn
     from opcontract.backends.triton import rms_norm_kernels as k
-    from opcontract.backends.triton.launch import launch
+    from opcontract.backends.triton.launch import _COMPILED, _tail, launch, prepared
     from opcontract.dispatch import call_cache
     from opcontract.dispatch.shell import op_shell
 
     x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(H, device="cuda", dtype=torch.bfloat16)
+    w = torch.nn.Parameter(torch.randn(H, device="cuda", dtype=torch.bfloat16))
     y = torch.empty_like(x)
     f = dispatch.op("rms_norm")
+    f(x, w, eps=1e-5)
     f(x, w, eps=1e-5)
     hit = call_cache.get(call_cache.key(f._route, (x, w), {"eps": 1e-5}))
     sh, route = op_shell("rms_norm"), hit.route
     meta = dict(VARIANT=0, BLOCK_H=8192, W_FIRST=True, num_warps=8, STORE_RSTD=False)
+    args = (x, w, y, y, H, H, 1e-5)
+    launch(k._rms_fwd_kernel, (1,), *args, **meta)
+    go = prepared(k._rms_fwd_kernel, (1,), args, meta)
+    compiled = _COMPILED[next(iter(kk for kk in _COMPILED if kk[0] == id(k._rms_fwd_kernel)))][1]
+    stream = torch._C._cuda_getCurrentRawStream(0)
+    tail = (*args, *_tail(k._rms_fwd_kernel, args, {**LAUNCH, **meta}))
     fns = {
         "dispatch.op call": lambda: f(x, w, eps=1e-5),
         "memo lookup (key + get)": lambda: call_cache.get(
             call_cache.key(f._route, (x, w), {"eps": 1e-5})
         ),
+        "the signature's call plan": (lambda: hit.plan(x, w)) if callable(hit.plan) else None,
         "shell run_forward (from the memo entry)": lambda: sh.run_forward(
             route, {"x": x, "weight": w}, hit.params, grad=False
-        ),
-        "implementation forward_no_grad": lambda: route.impl.forward_no_grad(
-            route.config, x=x, weight=w, variant="plain", eps=1e-5
         ),
         "triton host wrapper norm_forward": lambda: tn.norm_forward(
             x, w, None, "plain", 1e-5, store_rstd=False
         ),
-        "launch() of the kernel alone": lambda: launch(
-            k._rms_fwd_kernel, (1,), x, w, y, y, H, H, 1e-5, **meta
+        "launch() of the kernel alone": lambda: launch(k._rms_fwd_kernel, (1,), *args, **meta),
+        "prepared go() alone": (lambda: go(*args)) if go is not None else None,
+        "CompiledKernel.run alone": lambda: compiled.run(
+            1,
+            1,
+            1,
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *tail,
         ),
         "torch.empty_like": lambda: torch.empty_like(x),
         "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (H,), w, 1e-5),
     }
+    fns = {name: fn for name, fn in fns.items() if fn is not None}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - t0) / n * 1e6)
+    torch.cuda.synchronize()
+    peer = times["F.rms_norm"]
     rows = []
-    for name, fn in fns.items():
-        row = {"op": "rms_norm T=1", "layer": name, "host_us": host_us(fn, n, rounds)}
+    for name, ts in times.items():
+        row = {
+            "op": "rms_norm T=1",
+            "layer": name,
+            "host_us": statistics.median(ts),
+            "over_F_rms_norm": statistics.median(a / b for a, b in zip(ts, peer, strict=True)),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
+    try:  # the kernels F.rms_norm launches
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch.nn.functional.rms_norm(x, (H,), w, 1e-5)
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        rows.append({"op": "rms_norm T=1", "layer": "F.rms_norm kernels", "kernels": kernels})
+        print(json.dumps(rows[-1]), flush=True)
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        print("profile failed:", repr(e)[:200])
     return rows
 
 
@@ -171,23 +241,25 @@ def main() -> int:
     with torch.no_grad():
         for name, (ours, peer, peer_name) in cases(args.parameters).items():
             ours()
+            mine, theirs, ratio = paired_host_us(ours, peer, args.n, args.rounds)
             row = {
                 "op": name,
                 "label": args.label,
                 "weights": "nn.Parameter" if args.parameters else "tensor",
-                "opcontract_host_us": host_us(ours, args.n, args.rounds),
+                "opcontract_host_us": mine,
                 "peer": peer_name,
-                "peer_host_us": host_us(peer, args.n, args.rounds),
+                "peer_host_us": theirs,
+                "ratio": ratio,  # the median of the rounds' ratios (paired rounds)
                 "opcontract_gpu_us": gpu_us(ours),
                 "peer_gpu_us": gpu_us(peer),
                 "implementation": dispatch.last_provenance().implementation
                 if dispatch.last_provenance()
                 else None,
             }
-            row["ratio"] = row["opcontract_host_us"] / row["peer_host_us"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out_layers = layers(args.n, args.rounds) if args.layers else []
+    with torch.no_grad():
+        out_layers = layers(args.n, args.rounds) if args.layers else []
     out = {
         "benchmark": "host_time",
         "layers": out_layers,

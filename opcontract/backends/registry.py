@@ -54,7 +54,13 @@ class Implementation:
     names, the upstream gradients of the differentiable outputs (None where there is none)
     and which inputs need a gradient; it returns {input: gradient or None}.
     ``forward_no_grad``, where given, returns the same outputs with the residuals None (what
-    a call that builds no autograd graph runs: no buffers for the backward). ``config`` is a
+    a call that builds no autograd graph runs: no buffers for the backward).
+    ``plan_no_grad(config, inputs, params, lead)``, where given, is called after such a call
+    of one signature ran (``inputs`` flattened, ``lead`` the caller's leading dims or None);
+    it returns that signature's call plan, or None: a function of the caller's inputs in
+    contract order (leading dims kept) that returns what ``forward_no_grad`` returns with
+    each output shaped for the caller, or None where it can't serve a call (the shell then
+    takes the full path); the bits are forward_no_grad's. ``config`` is a
     dict over ``config_space``; ``default_config(call)`` gives the canonical config.
     ``layout`` maps input (and, in the backward, output) names, or "*", to a LAYOUTS entry.
     ``plan_memory(call, config)`` gives, per backward plan of the contract's ``plans`` the
@@ -73,6 +79,7 @@ class Implementation:
     invariances: tuple[str, ...]
     backward: Callable[..., Any] | None = None
     forward_no_grad: Callable[..., Any] | None = None
+    plan_no_grad: Callable[..., Any] | None = None
     layout: Mapping[str, str] = field(default_factory=dict)
     grad_invariances: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     features: tuple[str, ...] = ()

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from opcontract.backends.registry import implementations
 from opcontract.contracts import get_contract
 from opcontract.dispatch import call_cache
-from opcontract.dispatch.call_cache import CachedCall
+from opcontract.dispatch.call_cache import UNTRIED, CachedCall
 from opcontract.dispatch.device import simulate, simulating
-from opcontract.dispatch.provenance import Provenance, last_provenance
+from opcontract.dispatch.provenance import Provenance, last_provenance, record
 from opcontract.dispatch.select import MODES, check_plan_request, route_string
 from opcontract.dispatch.shell import bypass_op, layout_copies, op_shell, resolve
 from opcontract.dispatch.validate import BoundCall, bind, signature
@@ -99,8 +100,13 @@ class Report:
         return "\n".join(lines)
 
 
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def _autocast_on() -> bool:
-    return torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+    return _any_autocast() and (
+        torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+    )
 
 
 def _autocast(policy: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -183,6 +189,19 @@ class OpFunction:
         route = hit.route
         if route.impl is None:
             raise NoBackendError(self.name, route.rejected, requested=self.backend)
+        plan = hit.plan
+        if (
+            plan is not None
+            and plan is not UNTRIED
+            and not autocast
+            and len(args) == hit.n_args
+            and _get_current_dispatch_mode() is None
+            and not (torch.is_grad_enabled() and any(a.requires_grad for a in args))
+        ):  # a hit's positional args are plain tensors (the key admits no other)
+            out = plan(*args, *hit.absent)
+            if out is not None:
+                record(route.provenance)
+                return out[0] if sh.lone else sh.build_result(out, hit.params, None)
         inputs, params, lead = hit.inputs(args, kwargs), hit.params, hit.lead
         if lead is not None:
             inputs = self._flatten(inputs, len(lead))
@@ -192,9 +211,20 @@ class OpFunction:
                     out = sh.run_forward(route, inputs, params, grad=False)
             else:
                 out = sh.run_forward(route, inputs, params, grad=False)
+                if plan is UNTRIED:
+                    hit.plan = self._plan(route, hit, inputs)
         else:
             out = sh.call_forward(inputs, params, self.backend or "", self.mode, self.config)
         return sh.build_result(out, params, lead)
+
+    def _plan(self, route, hit: CachedCall, inputs: dict) -> Any:
+        """The implementation's call plan for this signature (after one call of it ran), or
+        None: where it has none, where index values need checking on every call, or where
+        the call's inputs aren't passed as the plan takes them."""
+        make = route.impl.plan_no_grad
+        if make is None or hit.absent is None or self.sig.value_checked:
+            return None
+        return make(route.config, dict(inputs), hit.params, hit.lead)
 
     def _prepare(self, args: tuple, kwargs: dict) -> CachedCall:
         bound = bind(self.sig, args, kwargs)

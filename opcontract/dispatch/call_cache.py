@@ -11,7 +11,7 @@ path would. Index ranges read tensor values and are checked on every call. Calls
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,15 +24,31 @@ _MEMO: dict[tuple, Any] = {}
 _SCALARS = (bool, int, float, str, type(None))
 
 
-@dataclass(frozen=True)
+UNTRIED = object()  # no call plan asked for yet
+
+
+@dataclass(eq=False)
 class CachedCall:
-    """A validated, selected call shape: how to rebuild its inputs, and what runs it."""
+    """A validated, selected call shape: how to rebuild its inputs, what runs it, and (once
+    asked for) the implementation's call plan for it (see Implementation.plan_no_grad)."""
 
     sources: tuple[tuple[str, Any], ...]  # per contract input: (name, arg index | keyword | None)
     params: dict[str, Any]  # validated, defaults filled in
     sizes: dict[str, int]
     lead: tuple | None  # leading batch dims to flatten (None: already one row per item)
     route: Any  # shell.Route
+    plan: Any = field(default=UNTRIED)
+    # the call's positional args are its first inputs in contract order, the rest absent:
+    # the plan takes (*args, *absent)
+    absent: tuple | None = None
+
+    def __post_init__(self) -> None:
+        n = 0
+        while n < len(self.sources) and self.sources[n][1] == n:
+            n += 1
+        if all(s is None for _, s in self.sources[n:]):
+            self.absent = (None,) * (len(self.sources) - n)
+        self.n_args = n
 
     def inputs(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The call's inputs by name, in contract order (None where absent)."""

@@ -12,6 +12,8 @@ import torch
 from opcontract.backends.registry import DeviceInfo
 
 _local = threading.local()
+_active = [0]  # simulate blocks open on any thread: while none is, no thread simulates
+_active_lock = threading.Lock()
 
 
 def device_of(t: torch.Tensor) -> DeviceInfo:
@@ -27,7 +29,7 @@ def device_of(t: torch.Tensor) -> DeviceInfo:
 
 def simulating() -> bool:
     """Whether a ``simulate`` block is active on this thread."""
-    return getattr(_local, "simulated", None) is not None
+    return bool(_active[0]) and getattr(_local, "simulated", None) is not None
 
 
 @functools.cache
@@ -47,7 +49,11 @@ def simulate(
     """
     prev = getattr(_local, "simulated", None)
     _local.simulated = DeviceInfo(type, capability, name)
+    with _active_lock:
+        _active[0] += 1
     try:
         yield _local.simulated
     finally:
+        with _active_lock:
+            _active[0] -= 1
         _local.simulated = prev

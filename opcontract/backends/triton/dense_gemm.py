@@ -9,7 +9,7 @@ import torch
 from opcontract.backends.dense_gemm import K_BLOCK  # the contract's gemm_k block
 from opcontract.backends.fixed_order import pairwise_sum
 from opcontract.backends.triton import interpreting
-from opcontract.backends.triton.launch import launch
+from opcontract.backends.triton.launch import launch, prepared
 
 STEP_K = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 32}
 CONFIG = {
@@ -35,6 +35,7 @@ CONFIG_SPACE = {
     "parallel_partials": (False, True),
 }
 PARTIALS_BYTES = 64 << 20
+KEPT_PLANES_BYTES = 1 << 20  # a fused call plan keeps partials up to this size (M = 1)
 ADD_BLOCK = 512  # elements per program of the second launch's plane sum
 ADD_UNROLL = 8  # planes whose loads are issued together (the adds stay in plane order)
 _ARRIVALS: dict[tuple[int, int], torch.Tensor] = {}
@@ -79,69 +80,75 @@ def _kernels():
     return dense_gemm_kernels
 
 
-def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
-    gk = _kernels()
-    interp = interpreting()
+def _decide(a, c, M, N, K, config):
+    """(config, parallel partials, fused sum, tiles, K chunks) of a call."""
     cfg = config
     if cfg is None or not cfg.keys() >= CONFIG.keys():  # a complete config is taken as given
         cfg = {**default_config(), **(cfg or {})}
-    step = STEP_K[a.dtype]
     chunks = -(-K // K_BLOCK)
     parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
     tiles = -(-M // cfg["block_m"]) * -(-N // cfg["block_n"])
     fuse = parallel and fuse_sum(c.device, N * K * a.element_size())
-    if parallel:  # c is contiguous [M, N] here (forward's y or backward's dx), as a plane is
-        planes = torch.empty(chunks, M, N, dtype=torch.float32, device=c.device)
-    else:
-        planes = c
-    launch(
-        gk._gemm_kernel,
-        (tiles, chunks if parallel else 1),
-        a,
-        b,
-        planes,
-        bias if bias is not None else c,
-        M,
-        N,
-        K,
-        *sa,
-        *sb,
-        N if parallel else c.stride(0),
-        1,
-        M * N if parallel else 0,
-        0.0,
-        c,
-        _arrivals(c.device, tiles) if fuse else c,
-        ACCUMULATE=False,
-        BIAS=bias is not None,
-        INTERPRET=interp,
-        PROMOTE=K_BLOCK // step,
-        BLOCK_M=cfg["block_m"],
-        BLOCK_N=cfg["block_n"],
-        BLOCK_K=step,
-        GROUP_M=cfg["group_m"],
-        CHUNK=K_BLOCK if parallel else 0,
-        FUSE_SUM=fuse,
-        SEEDED=False,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
-    if parallel and not fuse:
-        launch(
-            gk._add_partials_kernel,
-            (-(-M * N // ADD_BLOCK),),
-            planes,
-            c,
-            bias if bias is not None else planes,
-            M * N,
-            N,
-            chunks,
-            M * N,
-            BIAS=bias is not None,
-            BLOCK=ADD_BLOCK,
-            UNROLL=ADD_UNROLL,
-            num_warps=4,
+    return cfg, parallel, fuse, tiles, chunks
+
+
+def _launches(a, b, c, bias, planes, arrivals, M, N, K, sa, sb, decided) -> list[tuple]:
+    """The (kernel, grid, runtime arguments, constexprs) of each launch, in order."""
+    gk = _kernels()
+    cfg, parallel, fuse, tiles, chunks = decided
+    step = STEP_K[a.dtype]
+    out = [
+        (
+            gk._gemm_kernel,
+            (tiles, chunks if parallel else 1),
+            (
+                a, b, planes, bias if bias is not None else c, M, N, K, *sa, *sb,
+                N if parallel else c.stride(0), 1, M * N if parallel else 0, 0.0, c,
+                arrivals if fuse else c,
+            ),
+            dict(
+                ACCUMULATE=False,
+                BIAS=bias is not None,
+                INTERPRET=interpreting(),
+                PROMOTE=K_BLOCK // step,
+                BLOCK_M=cfg["block_m"],
+                BLOCK_N=cfg["block_n"],
+                BLOCK_K=step,
+                GROUP_M=cfg["group_m"],
+                CHUNK=K_BLOCK if parallel else 0,
+                FUSE_SUM=fuse,
+                SEEDED=False,
+                num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"],
+            ),
         )
+    ]  # fmt: skip
+    if parallel and not fuse:
+        out.append(
+            (
+                gk._add_partials_kernel,
+                (-(-M * N // ADD_BLOCK),),
+                (planes, c, bias if bias is not None else planes, M * N, N, chunks, M * N),
+                dict(BIAS=bias is not None, BLOCK=ADD_BLOCK, UNROLL=ADD_UNROLL, num_warps=4),
+            )
+        )
+    return out
+
+
+def _planes(M, N, chunks, device):
+    return torch.empty(chunks, M, N, dtype=torch.float32, device=device)
+
+
+def _gemm(a, b, c, bias, M, N, K, sa, sb, config=None):
+    decided = _decide(a, c, M, N, K, config)
+    _, parallel, fuse, tiles, chunks = decided
+    # c is contiguous [M, N] where partials are parallel (forward's y or backward's dx), as
+    # a plane is
+    planes = _planes(M, N, chunks, c.device) if parallel else c
+    arrivals = _arrivals(c.device, tiles) if fuse else None
+    for kernel, grid, args, meta in _launches(a, b, c, bias, planes, arrivals, M, N, K, sa, sb,
+                                              decided):  # fmt: skip
+        launch(kernel, grid, *args, **meta)
 
 
 def forward(x, weight, bias, config=None):
@@ -178,6 +185,89 @@ def backward(dy, x, weight, has_bias, config=None):
 
 def gemm_forward(config, x, weight, bias):
     return (forward(x, weight, bias, config),)
+
+
+def plan(config, x, weight, bias, lead):
+    """The forward's call plan (see launch.prepared): y from the caller's (x, weight, None),
+    x and weight contiguous, x with any leading dims; None where it can't serve a call. A
+    biased call has none (no projection of the models served here has a bias)."""
+    if x.device.type != "cuda" or not x.is_contiguous() or not weight.is_contiguous():
+        return None
+    if bias is not None or torch.cuda.is_current_stream_capturing():
+        return None
+    M, K = x.shape
+    N = weight.shape[0]
+    if not (M and N):
+        return None
+    shape = (*(lead or (M,)), N)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    c = y.view(M, N)
+    decided = _decide(x, c, M, N, K, config)
+    _, parallel, fuse, tiles, chunks = decided
+    planes = _planes(M, N, chunks, x.device) if parallel else c
+    arrivals = _arrivals(x.device, tiles) if fuse else None
+    launches = _launches(x, weight, c, bias, planes, arrivals, M, N, K, (x.stride(0), 1),
+                         (1, weight.stride(0)), decided)  # fmt: skip
+    # the first launch's x and weight are the caller's; the rest are fresh or the plan's own
+    gos = [prepared(*step, checked=(0, 1) if i == 0 else ()) for i, step in enumerate(launches)]
+    if None in gos:
+        return None
+    scalars = launches[0][2][4:-2]  # M .. the bias-free zero: fixed by the signature
+    sum_scalars = launches[1][2][3:] if len(launches) > 1 else ()
+    dtype, device, empty = x.dtype, x.device, torch.empty
+    del launches, x, weight, bias  # the plan keeps no example tensor
+    index = device.index
+    stream0 = torch._C._cuda_getCurrentRawStream(index)
+    stream_of = torch._C._cuda_getCurrentRawStream
+    capturing = torch._C._cuda_isCurrentStreamCapturing
+
+    if not parallel:
+
+        def run_tiled(x, weight, bias):
+            if not (x.is_contiguous() and weight.is_contiguous()):
+                return None
+            y = empty(shape, dtype=dtype, device=device)
+            ok = gos[0](x, weight, y, y, *scalars, y, y)
+            return (y,) if ok else None
+
+        return run_tiled
+
+    planes_shape = (chunks, M, N)
+    f32 = torch.float32
+
+    if fuse:
+        # The plan's own partials on its stream, as the arrival counters are: launches on
+        # one stream run one after another, and each writes its planes before it reads them.
+        kept = planes if planes.numel() * 4 <= KEPT_PLANES_BYTES else None
+
+        def run_fused(x, weight, bias):
+            if not (x.is_contiguous() and weight.is_contiguous()):
+                return None
+            if stream_of(index) != stream0 or capturing():
+                return None  # another stream's arrival counters, or a graph capture
+            y = empty(shape, dtype=dtype, device=device)
+            p = kept if kept is not None else empty(planes_shape, dtype=f32, device=device)
+            ok = gos[0](x, weight, p, y, *scalars, y, arrivals)
+            return (y,) if ok else None
+
+        return run_fused
+
+    def run_two_launches(x, weight, bias):
+        if not (x.is_contiguous() and weight.is_contiguous()):
+            return None
+        y = empty(shape, dtype=dtype, device=device)
+        p = empty(planes_shape, dtype=f32, device=device)
+        if not gos[0](x, weight, p, y, *scalars, y, y):
+            return None
+        if not gos[1](p, y, p, *sum_scalars):
+            raise RuntimeError("dense_gemm plan: the partials' sum did not launch")
+        return (y,)
+
+    return run_two_launches
+
+
+def gemm_plan_no_grad(config, inputs, params, lead):
+    return plan(config, inputs["x"], inputs["weight"], inputs["bias"], lead)
 
 
 def gemm_backward(config, saved, grads, needs, **params):

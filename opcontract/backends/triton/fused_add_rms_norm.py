@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from opcontract.backends.triton.rms_norm import norm_backward, norm_forward
+from opcontract.backends.triton.rms_norm import norm_backward, norm_forward, norm_plan
 
 
 def forward(config, x, residual, weight, *, variant, eps):
@@ -16,6 +16,13 @@ def forward(config, x, residual, weight, *, variant, eps):
 def forward_no_grad(config, x, residual, weight, *, variant, eps):
     """(y, residual_out, None): no backward will read rstd."""
     return norm_forward(x, weight, residual, variant, eps, store_rstd=False)
+
+
+def plan_no_grad(config, inputs, params, lead):
+    """forward_no_grad's call plan: (y, residual_out) from the caller's (x, residual,
+    weight)."""
+    return norm_plan(inputs["x"], inputs["weight"], inputs["residual"], params["variant"],
+                     params["eps"])  # fmt: skip
 
 
 def backward(config, saved, grads, needs, *, variant, eps):

@@ -141,3 +141,65 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
 def clear() -> None:
     """Forget the compiled handles (the next launch of each goes through the JIT)."""
     _COMPILED.clear()
+
+
+class Pointer:
+    """An address inside a tensor's storage, passed to a kernel as a pointer argument (what a
+    view would pass, without building one per call)."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def prepared(
+    kernel, grid: tuple[int, ...], args: tuple, meta: dict, checked: tuple[int, ...] | None = None
+) -> Any:
+    """A launcher of the kernel that ``launch(kernel, grid, *args, **meta)`` compiled, for a
+    call plan (one signature, called again and again): ``go(*args)`` takes arguments of the
+    same kinds in the same places and launches the same binary on the same grid, returning
+    True; it launches nothing and returns False where ``launch`` would not take that binary
+    (a tensor's 16-byte alignment or the current device differs, or a launch hook is
+    installed). A tensor argument may be passed as a ``Pointer`` into the same storage.
+    ``checked``: the positions whose alignment ``go`` checks (default every tensor's; leave
+    out buffers the caller has just allocated, which the allocator aligns to 512 bytes).
+    None if no such launch has run (or the interpreter runs kernels)."""
+    if not _COMPILED or interpreting() or not _DIRECT_OK:
+        return None
+    device = torch._C._cuda_getDevice()
+    key = _key(kernel, device, args, meta)
+    try:
+        hit = _COMPILED.get(key)
+    except TypeError:
+        return None
+    if hit is None or hit[0] is not kernel:
+        return None
+    compiled, tail = hit[1], hit[2]
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    where = tuple(i for i, a in enumerate(args) if type(a) in _TENSORS)
+    if not all(args[i].data_ptr() & 15 == 0 for i in where):
+        return None  # plans serve the aligned case, which fresh buffers always are
+    where = where if checked is None else tuple(checked)
+    stream_of, current = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    runtime = _runtime_knobs()
+
+    def go(*a: Any) -> bool:
+        ptrs = 0
+        for i in where:
+            ptrs |= a[i].data_ptr()
+        if ptrs & 15 or current() != device:
+            return False
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if (enter is not None and getattr(enter, "calls", True)) or (
+            leave is not None and getattr(leave, "calls", True)
+        ):
+            return False  # as _no_hooks: a profiler's hooks see launches through the JIT
+        run(g0, g1, g2, stream_of(device), function, packed, None, None, None, *a, *tail)
+        return True
+
+    return go

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from opcontract.backends.torch.rms_norm import DW_ROWS
-from opcontract.backends.triton.launch import launch
+from opcontract.backends.triton.launch import launch, prepared
 
 _VARIANT = {"plain": 0, "centred": 1, "weightless": 2}
 
@@ -38,35 +38,84 @@ def _bwd_stages(block_h: int, elem_bytes: int) -> int:
     return max(1, min(4, (128 << 10) // (2 * block_h * elem_bytes)))
 
 
+def _forward_launch(x, weight, residual, y, rout, out, variant, eps, store_rstd):
+    """The forward's kernel, grid, runtime arguments and constexprs (x, residual contiguous;
+    ``out``: the rstd buffer, or any pointer the kernel never writes without the store)."""
+    from opcontract.backends.triton import rms_norm_kernels as k
+
+    T, H = x.shape
+    bh = row_block(H)
+    w = weight if weight is not None else x
+    scalars = (H, x.stride(0), float(eps))
+    meta = dict(
+        VARIANT=_VARIANT[variant],
+        BLOCK_H=bh,
+        W_FIRST=T <= W_FIRST_MAX_T,
+        num_warps=row_warps(bh),
+    )
+    if not store_rstd:
+        meta["STORE_RSTD"] = False
+    if residual is None:
+        return k._rms_fwd_kernel, (T,), (x, w, y, out, *scalars), meta
+    return k._add_rms_fwd_kernel, (T,), (x, residual, w, y, rout, out, *scalars), meta
+
+
 def norm_forward(x, weight, residual, variant, eps, store_rstd=True):
     """(y, residual_out | None, rstd | None); ``store_rstd=False`` (no backward to come):
     no rstd buffer, and the kernel skips its store (y's bits are the same)."""
-    from opcontract.backends.triton import rms_norm_kernels as k
-
     x = x.contiguous()
     T, H = x.shape
     y = torch.empty_like(x)
     rout = torch.empty_like(x) if residual is not None else None
     rstd = torch.empty(T, dtype=torch.float32, device=x.device) if store_rstd else None
     if T:
-        bh = row_block(H)
-        w = weight if weight is not None else x
-        scalars = (H, x.stride(0), float(eps))
-        meta = dict(
-            VARIANT=_VARIANT[variant],
-            BLOCK_H=bh,
-            W_FIRST=T <= W_FIRST_MAX_T,
-            num_warps=row_warps(bh),
-        )
-        if not store_rstd:
-            meta["STORE_RSTD"] = False
+        r = residual.contiguous() if residual is not None else None
         out = rstd if store_rstd else y  # a pointer the kernel never writes without the store
-        if residual is None:
-            launch(k._rms_fwd_kernel, (T,), x, w, y, out, *scalars, **meta)
-        else:
-            r = residual.contiguous()
-            launch(k._add_rms_fwd_kernel, (T,), x, r, w, y, rout, out, *scalars, **meta)
+        kernel, grid, args, meta = _forward_launch(x, weight, r, y, rout, out, variant, eps,
+                                                   store_rstd)  # fmt: skip
+        launch(kernel, grid, *args, **meta)
     return y, rout, rstd
+
+
+def norm_plan(x, weight, residual, variant, eps):
+    """The call plan of a no-grad forward (see launch.prepared): a function of the caller's
+    (x, weight) giving (y, None), or with a residual of (x, residual, weight) giving (y,
+    residual_out); any leading dims. It returns None where it can't serve a call (an input
+    not contiguous, or not aligned as compiled for)."""
+    T, H = x.shape
+    if not T or x.device.type != "cuda":
+        return None
+    y = torch.empty_like(x)
+    rout = torch.empty_like(x) if residual is not None else None
+    kernel, grid, args, meta = _forward_launch(x, weight, residual, y, rout, y, variant, eps,
+                                               False)  # fmt: skip
+    # alignment checked where the caller's tensors go (y and residual_out are fresh)
+    go = prepared(kernel, grid, args, meta, checked=(0, 1) if residual is None else (0, 1, 2))
+    if go is None:
+        return None
+    scalars = args[-3:]
+    empty_like = torch.empty_like
+    if residual is None:
+        has_w = weight is not None
+
+        def run_norm(x, weight):
+            if not (x.is_contiguous() and (weight is None or weight.is_contiguous())):
+                return None
+            y = empty_like(x)
+            return (y, None) if go(x, weight if has_w else x, y, y, *scalars) else None
+
+        return run_norm
+
+    def run_add_norm(x, residual, weight):
+        if not (x.is_contiguous() and residual.is_contiguous()):
+            return None
+        if weight is not None and not weight.is_contiguous():
+            return None
+        w = weight if weight is not None else x
+        y, rout = empty_like(x), empty_like(x)
+        return (y, rout) if go(x, residual, w, y, rout, y, *scalars) else None
+
+    return run_add_norm
 
 
 def norm_backward(dy, d_residual_out, x_in, weight, rstd, variant):
@@ -135,6 +184,11 @@ def forward(config, x, weight, *, variant, eps):
 def forward_no_grad(config, x, weight, *, variant, eps):
     """(y, None): no backward will read rstd."""
     return norm_forward(x, weight, None, variant, eps, store_rstd=False)[0], None
+
+
+def plan_no_grad(config, inputs, params, lead):
+    """forward_no_grad's call plan: (y, None) from the caller's (x, weight)."""
+    return norm_plan(inputs["x"], inputs["weight"], None, params["variant"], params["eps"])
 
 
 def backward(config, saved, grads, needs, *, variant, eps):

@@ -1,0 +1,142 @@
+"""Call plans: after one no-grad call of a signature, dispatch runs the implementation's plan
+for it (the host wrapper's work done once); every other call, and every call a plan turns
+down, takes the full path. On the CPU the plan is a recording one around the torch
+implementation; the Triton plans run on the GPU (test_call_plans_gpu.py)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from opcontract import dispatch
+from opcontract.backends import registry
+from opcontract.dispatch import call_cache
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memo():
+    call_cache.clear()
+    yield
+    call_cache.clear()
+
+
+def _recording_plan(monkeypatch, name: str, decline: bool = False):
+    """Replace ``name``'s plan_no_grad with one that records what it was made from and each
+    call it serves (running the implementation's own no-grad forward on the flattened
+    inputs, then shaping the outputs as the caller's)."""
+    impl = registry.implementation(name)
+    made, served = [], []
+
+    def make(config, inputs, params, lead):
+        made.append((dict(inputs), dict(params), lead))
+        names = tuple(inputs)
+
+        def run(*tensors):
+            served.append(tensors)
+            if decline:
+                return None
+            flat = {
+                n: (t.reshape(-1, *t.shape[len(lead) :]) if lead and t is not None else t)
+                for n, t in zip(names, tensors, strict=True)
+            }
+            out = (impl.forward_no_grad or impl.forward)(config, **flat, **params)
+            return tuple(
+                t.reshape(*lead, *t.shape[1:]) if lead and t is not None and t.dim() else t
+                for t in out
+            )
+
+        return run
+
+    monkeypatch.setitem(registry._REGISTRY, name, dataclasses.replace(impl, plan_no_grad=make))
+    return made, served
+
+
+def _rms_inputs(*lead, H=48):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(*lead, H, generator=g), torch.randn(H, generator=g) * 0.1
+
+
+def test_plan_made_after_one_call_then_serves_the_signature(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm")
+    x, w = _rms_inputs(5)
+    rms = dispatch.op("rms_norm", backend="torch")
+    with torch.no_grad():
+        first = rms(x, w, variant="plain", eps=1e-5)
+        assert len(made) == 1 and not served
+        prov = dispatch.last_provenance()
+        x2 = torch.randn_like(x)
+        second = rms(x2, w, variant="plain", eps=1e-5)
+        assert len(served) == 1 and served[0][0] is x2
+        assert dispatch.last_provenance() == prov
+    assert torch.equal(first, rms(x, w, variant="plain", eps=1e-5))
+    call_cache.clear()  # the full path again, on the second inputs
+    with torch.no_grad():
+        assert torch.equal(second, rms(x2, w, variant="plain", eps=1e-5))
+    assert len(made) == 2
+
+
+def test_plan_gets_leading_dims_and_keeps_them(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm")
+    x, w = _rms_inputs(2, 3)
+    rms = dispatch.op("rms_norm", backend="torch")
+    with torch.no_grad():
+        full = rms(x, w, variant="plain", eps=1e-5)
+        planned = rms(x, w, variant="plain", eps=1e-5)
+    assert made[0][2] == (2, 3) and made[0][0]["x"].shape == (6, 48)
+    assert served[0][0].shape == (2, 3, 48)
+    assert planned.shape == (2, 3, 48) and torch.equal(planned, full)
+
+
+def test_declined_call_takes_the_full_path(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm", decline=True)
+    x, w = _rms_inputs(4)
+    rms = dispatch.op("rms_norm", backend="torch")
+    with torch.no_grad():
+        full = rms(x, w, variant="plain", eps=1e-5)
+        again = rms(x, w, variant="plain", eps=1e-5)
+    assert len(served) == 1 and torch.equal(again, full)
+
+
+def test_grad_autocast_and_keywords_never_take_the_plan(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm")
+    x, w = _rms_inputs(4)
+    rms = dispatch.op("rms_norm", backend="torch")
+    with torch.no_grad():
+        rms(x, w, variant="plain", eps=1e-5)  # makes the plan
+    wp = w.clone().requires_grad_()
+    y = rms(x, wp, variant="plain", eps=1e-5)  # the same signature; wp needs a gradient
+    y.sum().backward()
+    assert wp.grad is not None and not served
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        rms(x, w, variant="plain", eps=1e-5)
+    assert not served
+    with torch.no_grad():
+        rms(x, weight=w, variant="plain", eps=1e-5)  # an input by keyword: no plan made
+        rms(x, weight=w, variant="plain", eps=1e-5)
+    assert len(made) == 1 and not served
+    with torch.no_grad():
+        rms(x, w, variant="plain", eps=1e-5)
+    assert len(served) == 1
+
+
+def test_absent_inputs_are_passed_as_none(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict_gemm")
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(3, 32, generator=g), torch.randn(16, 32, generator=g)
+    gemm = dispatch.op("dense_gemm", backend="torch")
+    with torch.no_grad():
+        full = gemm(x, w)
+        planned = gemm(x, w)
+    assert len(served) == 1 and served[0][2] is None and torch.equal(planned, full)
+
+
+def test_value_checked_ops_never_make_a_plan(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict")
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(4, 32, generator=g), torch.randn(50, 32, generator=g)
+    t = torch.randint(0, 50, (4,), generator=g)
+    f = dispatch.op("softcap_logprob", backend="torch.strict")
+    with torch.no_grad():
+        f(h, w, t)
+        f(h, w, t)
+    assert not made and not served
