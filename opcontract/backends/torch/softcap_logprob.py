@@ -22,6 +22,8 @@ versions depend on an element's position in the tensor.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from opcontract.backends.fixed_order import tree_sum
@@ -106,24 +108,35 @@ def _block_logits(
     return z, t, valid
 
 
-def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index, z_out=None):
-    """(logprob, entropy, predicted, lse, mean_z, smooth): every output and what backward
-    needs; smooth = lse - mean_v z is label smoothing's term. ``z_out`` ([T, V] float32,
-    the sampler head's): receives every block's z as it is computed."""
-    T = hidden.shape[0]
-    V = weight.shape[0]
-    dev = hidden.device
-    h = hidden.float()
-    t = targets.long()
-    f32 = dict(dtype=torch.float32, device=dev)
+class Walk(NamedTuple):
+    """What one walk over ascending vocabulary blocks keeps per row (float32): the running
+    max and sum exp(z - max) (vocab_lse), sum exp(z - max) z (vocab_entropy), the first
+    maximum and its column (vocab_argmax), the plain sum of z (vocab_zsum; zeros unless
+    asked for) and the target's z (0 where no block holds the target)."""
+
+    max: torch.Tensor
+    sum: torch.Tensor
+    zsum: torch.Tensor
+    arg_max: torch.Tensor
+    arg_idx: torch.Tensor
+    z_total: torch.Tensor
+    z_target: torch.Tensor
+
+
+def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False) -> Walk:
+    """One pass over ``weight``'s rows in VOCAB_BLOCK blocks, ascending (the bits depend on
+    it), for float32 rows ``h`` and int64 targets ``t`` (a value outside [0, V) selects no
+    column). ``z_out`` ([T, V] float32) receives each block's z; ``total`` also sums z."""
+    T, V = h.shape[0], weight.shape[0]
+    f32 = dict(dtype=torch.float32, device=h.device)
     run_max = torch.full((T,), float("-inf"), **f32)
     run_sum = torch.zeros(T, **f32)
     run_zsum = torch.zeros(T, **f32)
     arg_max = torch.full((T,), float("-inf"), **f32)
-    arg_idx = torch.zeros(T, dtype=torch.int64, device=dev)
+    arg_idx = torch.zeros(T, dtype=torch.int64, device=h.device)
     z_total = torch.zeros(T, **f32)
     z_target = torch.zeros(T, **f32)
-    for v0 in range(0, V, VOCAB_BLOCK):  # ascending vocabulary blocks: the bits depend on it
+    for v0 in range(0, V, VOCAB_BLOCK):
         z, _, valid = _block_logits(h, weight, v0, multiplier, softcap)
         if z_out is not None:
             z_out[:, v0 : v0 + VOCAB_BLOCK] = z[:, : min(VOCAB_BLOCK, V - v0)]
@@ -140,14 +153,25 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
         first = (z == m_b[:, None]).int().argmax(dim=1) + v0
         arg_idx = torch.where(m_b > arg_max, first, arg_idx)
         arg_max = torch.maximum(arg_max, m_b)
-        z_total = z_total + tree_sum(torch.where(valid, z, 0.0))  # vocab_zsum
+        if total:
+            z_total = z_total + tree_sum(torch.where(valid, z, 0.0))  # vocab_zsum
         hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
         zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
         z_target = torch.where(hit, zt, z_target)
-    lse = run_max + ew.log(run_sum)
-    mean_z = run_zsum / run_sum
-    logprob = torch.where(t != ignore_index, z_target - lse, 0.0)
-    return logprob, lse - mean_z, arg_idx, lse, mean_z, lse - z_total / V
+    return Walk(run_max, run_sum, run_zsum, arg_max, arg_idx, z_total, z_target)
+
+
+def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index, z_out=None):
+    """(logprob, entropy, predicted, lse, mean_z, smooth): every output and what backward
+    needs; smooth = lse - mean_v z is label smoothing's term. ``z_out`` ([T, V] float32,
+    the sampler head's): receives every block's z as it is computed."""
+    V = weight.shape[0]
+    t = targets.long()
+    w = block_walk(hidden.float(), weight, t, multiplier, softcap, z_out, total=True)
+    lse = w.max + ew.log(w.sum)
+    mean_z = w.zsum / w.sum
+    logprob = torch.where(t != ignore_index, w.z_target - lse, 0.0)
+    return logprob, lse - mean_z, w.arg_idx, lse, mean_z, lse - w.z_total / V
 
 
 PLANS = ("vocab_chunks", "token_chunks")  # the contract's equal-bits backward plans

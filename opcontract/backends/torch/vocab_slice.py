@@ -10,15 +10,8 @@ from opcontract.backends.fixed_order import (
     adjacent_tree_merge,
     adjacent_tree_sum,
     merge_argmax,
-    tree_sum,
 )
-from opcontract.backends.torch import elementwise as ew
-from opcontract.backends.torch.softcap_logprob import (
-    VOCAB_BLOCK,
-    _block_logits,
-    _rows_backward,
-    logits64,
-)
+from opcontract.backends.torch.softcap_logprob import _rows_backward, block_walk, logits64
 
 
 def _dz64(hidden, weight, multiplier, softcap):
@@ -58,33 +51,8 @@ def reference_grad(hidden, weight, targets, lse, grad_logprob, *, multiplier=1.0
 def _segment_stats(h32, weight, t, multiplier, softcap):
     """(max, sum, target logit or 0, sum exp(z - max) z, argmax) of one segment:
     softcap_logprob's vocab_lse, vocab_entropy and vocab_argmax walks."""
-    T, V = h32.shape[0], weight.shape[0]
-    f32 = dict(dtype=torch.float32, device=h32.device)
-    run_max = torch.full((T,), float("-inf"), **f32)
-    run_sum = torch.zeros(T, **f32)
-    run_zsum = torch.zeros(T, **f32)
-    arg_max = torch.full((T,), float("-inf"), **f32)
-    arg_idx = torch.zeros(T, dtype=torch.int64, device=h32.device)
-    z_target = torch.zeros(T, **f32)
-    for v0 in range(0, V, VOCAB_BLOCK):
-        z, _, valid = _block_logits(h32, weight, v0, multiplier, softcap)
-        z = torch.where(valid, z, float("-inf"))
-        m_b = z.max(dim=1).values
-        e = ew.exp(z - m_b[:, None])
-        s_b = tree_sum(e)
-        w_b = tree_sum(torch.where(valid, e * z, 0.0))
-        new_max = torch.maximum(run_max, m_b)
-        old_scale, b_scale = ew.exp(run_max - new_max), ew.exp(m_b - new_max)
-        run_sum = run_sum * old_scale + s_b * b_scale
-        run_zsum = run_zsum * old_scale + w_b * b_scale
-        run_max = new_max
-        first = (z == m_b[:, None]).int().argmax(dim=1) + v0
-        arg_idx = torch.where(m_b > arg_max, first, arg_idx)
-        arg_max = torch.maximum(arg_max, m_b)
-        hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
-        zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
-        z_target = torch.where(hit, zt, z_target)
-    return run_max, run_sum, z_target, run_zsum, (arg_max, arg_idx)
+    w = block_walk(h32, weight, t, multiplier, softcap)
+    return w.max, w.sum, w.z_target, w.zsum, (w.arg_max, w.arg_idx)
 
 
 def stats_forward(config, hidden, weight, targets, *, multiplier, softcap, segments,
