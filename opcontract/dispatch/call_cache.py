@@ -38,17 +38,18 @@ class CachedCall:
     lead: tuple | None  # leading batch dims to flatten (None: already one row per item)
     route: Any  # shell.Route
     plan: Any = field(default=UNTRIED)
-    # the call's positional args are its first inputs in contract order, the rest absent:
-    # the plan takes (*args, *absent)
-    absent: tuple | None = None
+    # derived from sources: the first n_args inputs come as the call's positional args, in
+    # contract order; where the rest are absent, the plan takes (*args, *absent)
+    n_args: int = field(init=False)
+    absent: tuple | None = field(init=False)
 
     def __post_init__(self) -> None:
         n = 0
         while n < len(self.sources) and self.sources[n][1] == n:
             n += 1
-        if all(s is None for _, s in self.sources[n:]):
-            self.absent = (None,) * (len(self.sources) - n)
         self.n_args = n
+        rest = self.sources[n:]
+        self.absent = (None,) * len(rest) if all(s is None for _, s in rest) else None
 
     def inputs(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The call's inputs by name, in contract order (None where absent)."""
