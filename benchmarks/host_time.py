@@ -157,6 +157,7 @@ def layers(n: int, rounds: int) -> list[dict]:
     args = (x, w, y, y, H, H, 1e-5)
     launch(k._rms_fwd_kernel, (1,), *args, **meta)
     go = prepared(k._rms_fwd_kernel, (1,), args, meta)
+    addresses = (x.data_ptr(), w.data_ptr(), y.data_ptr(), y.data_ptr(), H, H, 1e-5)
     compiled = _COMPILED[next(iter(kk for kk in _COMPILED if kk[0] == id(k._rms_fwd_kernel)))][1]
     stream = torch._C._cuda_getCurrentRawStream(0)
     tail = (*args, *_tail(k._rms_fwd_kernel, args, {**LAUNCH, **meta}))
@@ -173,7 +174,7 @@ def layers(n: int, rounds: int) -> list[dict]:
             x, w, None, "plain", 1e-5, store_rstd=False
         ),
         "launch() of the kernel alone": lambda: launch(k._rms_fwd_kernel, (1,), *args, **meta),
-        "prepared go() alone": (lambda: go(*args)) if go is not None else None,
+        "prepared go() alone (addresses)": (lambda: go(*addresses)) if go is not None else None,
         "CompiledKernel.run alone": lambda: compiled.run(
             1,
             1,
@@ -185,6 +186,19 @@ def layers(n: int, rounds: int) -> list[dict]:
             None,
             None,
             *tail,
+        ),
+        "CompiledKernel.run alone, addresses for tensors": lambda: compiled.run(
+            1,
+            1,
+            1,
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *addresses,
+            *tail[len(addresses) :],
         ),
         "torch.empty_like": lambda: torch.empty_like(x),
         "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (H,), w, 1e-5),
@@ -234,12 +248,21 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--layers", action="store_true", help="also take rms_norm T=1 apart")
+    ap.add_argument("--fuse-max-bytes", type=int, default=None,
+                    help="dense_gemm's FUSE_MAX_BYTES (one launch up to it)")  # fmt: skip
+    ap.add_argument("--only", default="", help="only the cases whose name has this text")
     ap.add_argument("--parameters", action="store_true",
                     help="weights as nn.Parameter (a model's), not plain tensors")  # fmt: skip
     args = ap.parse_args()
+    if args.fuse_max_bytes is not None:
+        from opcontract.backends.triton import dense_gemm
+
+        dense_gemm.FUSE_MAX_BYTES = args.fuse_max_bytes
     rows = []
     with torch.no_grad():
         for name, (ours, peer, peer_name) in cases(args.parameters).items():
+            if args.only not in name:
+                continue
             ours()
             mine, theirs, ratio = paired_host_us(ours, peer, args.n, args.rounds)
             row = {
@@ -267,6 +290,7 @@ def main() -> int:
         "env": env_stamp(),
         "n": args.n,
         "rounds": args.rounds,
+        "fuse_max_bytes": args.fuse_max_bytes,
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -160,14 +160,17 @@ def prepared(
     kernel, grid: tuple[int, ...], args: tuple, meta: dict, checked: tuple[int, ...] | None = None
 ) -> Any:
     """A launcher of the kernel that ``launch(kernel, grid, *args, **meta)`` compiled, for a
-    call plan (one signature, called again and again): ``go(*args)`` takes arguments of the
-    same kinds in the same places and launches the same binary on the same grid, returning
-    True; it launches nothing and returns False where ``launch`` would not take that binary
-    (a tensor's 16-byte alignment or the current device differs, or a launch hook is
-    installed). A tensor argument may be passed as a ``Pointer`` into the same storage.
-    ``checked``: the positions whose alignment ``go`` checks (default every tensor's; leave
-    out buffers the caller has just allocated, which the allocator aligns to 512 bytes).
-    None if no such launch has run (or the interpreter runs kernels)."""
+    call plan (one signature, called again and again): ``go(*values)`` takes the same
+    arguments in the same places, except that every pointer argument is passed as its
+    address (an int: ``t.data_ptr()``, or an address inside the same storage), and launches
+    the same binary on the same grid, returning True; it launches nothing and returns False
+    where ``launch`` would not take that binary (an address's 16-byte alignment or the
+    current device differs, or a launch hook is installed). Addresses go to the compiled
+    launcher as they are: it neither calls ``data_ptr`` nor asks the driver about them
+    (benchmarks/results/host_time_addresses_h200.json). ``checked``: the positions whose
+    alignment ``go`` checks (default every pointer's; leave out buffers the caller has just
+    allocated, which the allocator aligns to 512 bytes). None if no such launch has run (or
+    the interpreter runs kernels)."""
     if not _COMPILED or interpreting() or not _DIRECT_OK:
         return None
     device = torch._C._cuda_getDevice()
@@ -191,7 +194,7 @@ def prepared(
     def go(*a: Any) -> bool:
         ptrs = 0
         for i in where:
-            ptrs |= a[i].data_ptr()
+            ptrs |= a[i]
         if ptrs & 15 or current() != device:
             return False
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook

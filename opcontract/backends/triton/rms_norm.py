@@ -102,7 +102,9 @@ def norm_plan(x, weight, residual, variant, eps):
             if not (x.is_contiguous() and (weight is None or weight.is_contiguous())):
                 return None
             y = empty_like(x)
-            return (y, None) if go(x, weight if has_w else x, y, y, *scalars) else None
+            xp, yp = x.data_ptr(), y.data_ptr()
+            wp = weight.data_ptr() if has_w else xp
+            return (y, None) if go(xp, wp, yp, yp, *scalars) else None
 
         return run_norm
 
@@ -111,9 +113,12 @@ def norm_plan(x, weight, residual, variant, eps):
             return None
         if weight is not None and not weight.is_contiguous():
             return None
-        w = weight if weight is not None else x
+        xp = x.data_ptr()
+        wp = weight.data_ptr() if weight is not None else xp
         y, rout = empty_like(x), empty_like(x)
-        return (y, rout) if go(x, residual, w, y, rout, y, *scalars) else None
+        yp = y.data_ptr()
+        ok = go(xp, residual.data_ptr(), wp, yp, rout.data_ptr(), yp, *scalars)
+        return (y, rout) if ok else None
 
     return run_add_norm
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from opcontract.backends.triton.launch import Pointer, launch, prepared
+from opcontract.backends.triton.launch import launch, prepared
 
 CONFIG = {"block": 1024, "num_warps": 4}
 # Elementwise: which program computes an element, and with how many warps, moves no bits.
@@ -55,7 +55,7 @@ def plan(config, gate, up, lead):
     if not y.numel():
         return None
     kernel, grid, args, meta = _forward_launch(g, u, y, n, config)
-    # packed: a Pointer takes the view's place; y is fresh
+    # packed: up's address is inside gate's storage; y is fresh
     go = prepared(kernel, grid, args, meta, checked=(0, 1))
     if go is None:
         return None
@@ -68,7 +68,7 @@ def plan(config, gate, up, lead):
                 return None
             y = empty(shape, dtype=dtype, device=device)
             p = gate.data_ptr()
-            return (y,) if go(gate, Pointer(p + offset), y, *scalars) else None
+            return (y,) if go(p, p + offset, y.data_ptr(), *scalars) else None
 
         return run_packed
 
@@ -76,7 +76,7 @@ def plan(config, gate, up, lead):
         if not (gate.is_contiguous() and up.is_contiguous()):
             return None
         y = empty(shape, dtype=dtype, device=device)
-        return (y,) if go(gate, up, y, *scalars) else None
+        return (y,) if go(gate.data_ptr(), up.data_ptr(), y.data_ptr(), *scalars) else None
 
     return run_separate
 
