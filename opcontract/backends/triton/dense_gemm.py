@@ -58,15 +58,18 @@ def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
-FUSE_MAX_BYTES = 64 << 20  # weights whose stream is shorter than a call's host time
+# Up to the q/k/v/gate grouping's 116 MB weight: fused, it took 0.98x F.linear's host time
+# against 1.38x for two launches, and 36.2 us of GPU time against 36.9
+# (benchmarks/results/host_time_qkv_fused_h200.json, host_time_addresses_h200.json).
+FUSE_MAX_BYTES = 128 << 20
 
 
 def fuse_sum(device: torch.device, weight_bytes: int) -> bool:
     """Whether parallel partials are summed in their own launch (by each tile's last
     program) or by a second one. The bits are the same. One launch costs less host time,
-    which decides an eager call whose weight streams faster than the host issues the call
-    (o_proj at M = 1 on the H200); the last program's sum costs GPU time, which decides
-    the rest, and a CUDA graph, where host time doesn't count
+    which decides an eager call whose weight streams about as fast as the host issues the
+    call (o_proj and the q/k/v/gate grouping at M = 1 on the H200); a second launch is kept
+    for larger weights and for a CUDA graph, where host time doesn't count
     (benchmarks/results/host_profile_h200.json)."""
     if device.type != "cuda":
         return True
@@ -227,7 +230,8 @@ def plan(config, x, weight, bias, lead):
             if not (x.is_contiguous() and weight.is_contiguous()):
                 return None
             y = empty(shape, dtype=dtype, device=device)
-            ok = gos[0](x, weight, y, y, *scalars, y, y)
+            yp = y.data_ptr()
+            ok = gos[0](x.data_ptr(), weight.data_ptr(), yp, yp, *scalars, yp, yp)
             return (y,) if ok else None
 
         return run_tiled
@@ -239,6 +243,7 @@ def plan(config, x, weight, bias, lead):
         # The plan's own partials on its stream, as the arrival counters are: launches on
         # one stream run one after another, and each writes its planes before it reads them.
         kept = planes if planes.numel() * 4 <= KEPT_PLANES_BYTES else None
+        kept_p, arrivals_p = kept.data_ptr() if kept is not None else 0, arrivals.data_ptr()
 
         def run_fused(x, weight, bias):
             if not (x.is_contiguous() and weight.is_contiguous()):
@@ -246,8 +251,10 @@ def plan(config, x, weight, bias, lead):
             if stream_of(index) != stream0 or capturing():
                 return None  # another stream's arrival counters, or a graph capture
             y = empty(shape, dtype=dtype, device=device)
-            p = kept if kept is not None else empty(planes_shape, dtype=f32, device=device)
-            ok = gos[0](x, weight, p, y, *scalars, y, arrivals)
+            p = None if kept is not None else empty(planes_shape, dtype=f32, device=device)
+            pp = kept_p if p is None else p.data_ptr()  # p lives until the launch is queued
+            yp = y.data_ptr()
+            ok = gos[0](x.data_ptr(), weight.data_ptr(), pp, yp, *scalars, yp, arrivals_p)
             return (y,) if ok else None
 
         return run_fused
@@ -257,9 +264,10 @@ def plan(config, x, weight, bias, lead):
             return None
         y = empty(shape, dtype=dtype, device=device)
         p = empty(planes_shape, dtype=f32, device=device)
-        if not gos[0](x, weight, p, y, *scalars, y, y):
+        yp, pp = y.data_ptr(), p.data_ptr()
+        if not gos[0](x.data_ptr(), weight.data_ptr(), pp, yp, *scalars, yp, yp):
             return None
-        if not gos[1](p, y, p, *sum_scalars):
+        if not gos[1](pp, yp, pp, *sum_scalars):
             raise RuntimeError("dense_gemm plan: the partials' sum did not launch")
         return (y,)
 
