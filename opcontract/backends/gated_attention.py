@@ -25,20 +25,7 @@ def check_call(inputs: dict, params: dict) -> None:
     key = seq * (1 << 31) + positions
     sorted_key = torch.sort(key[live]).values
     dup = sorted_key[1:] == sorted_key[:-1]
-    if bool(dup.any()):
-        k = int(sorted_key[1:][dup][0])
-        raise ContractViolation(
-            "gated_attention", "positions", "inputs.positions.values",
-            f"two queries of sequence {k >> 31} at position {k & ((1 << 31) - 1)}: a "
-            f"sequence's queries must be at distinct positions",
-        )  # fmt: skip
-    if bool((live & (positions >= key_len[seq])).any()):
-        t = int((live & (positions >= key_len[seq])).nonzero()[0, 0])
-        raise ContractViolation(
-            "gated_attention", "positions", "inputs.positions.values",
-            f"query {t} at position {int(positions[t])} but its sequence's keys end at "
-            f"{int(key_len[seq[t]])} (key_len)",
-        )  # fmt: skip
+    beyond = live & (positions >= key_len[seq])
     # every block from the lowest visible position's block to the query's own must be present
     if params["layer"] == "local":
         lo = (positions - params["window"] + 1).clamp(min=0)
@@ -47,15 +34,32 @@ def check_call(inputs: dict, params: dict) -> None:
     nb = block_rows.shape[1]
     b = torch.arange(nb, device=positions.device)
     need = live[:, None] & (b >= lo[:, None] // BLOCK) & (b <= positions[:, None] // BLOCK)
-    absent = block_rows[seq].long() < 0
-    if bool((need & absent).any()):
-        t, blk = (int(x) for x in (need & absent).nonzero()[0])
+    missing = need & (block_rows[seq].long() < 0)
+    short = positions // BLOCK >= nb
+    # one read-back for the four checks; the details are looked up only for a failing one
+    flags = torch.stack([dup.any(), beyond.any(), missing.any(), short.any()]).tolist()
+    if flags[0]:
+        k = int(sorted_key[1:][dup][0])
+        raise ContractViolation(
+            "gated_attention", "positions", "inputs.positions.values",
+            f"two queries of sequence {k >> 31} at position {k & ((1 << 31) - 1)}: a "
+            f"sequence's queries must be at distinct positions",
+        )  # fmt: skip
+    if flags[1]:
+        t = int(beyond.nonzero()[0, 0])
+        raise ContractViolation(
+            "gated_attention", "positions", "inputs.positions.values",
+            f"query {t} at position {int(positions[t])} but its sequence's keys end at "
+            f"{int(key_len[seq[t]])} (key_len)",
+        )  # fmt: skip
+    if flags[2]:
+        t, blk = (int(x) for x in missing.nonzero()[0])
         raise ContractViolation(
             "gated_attention", "block_rows", "inputs.block_rows.values",
             f"query {t} (sequence {int(seq[t])}, position {int(positions[t])}) sees key "
             f"block {blk}, which block_rows marks absent (-1)",
         )  # fmt: skip
-    if bool((positions // BLOCK >= nb).any()):
+    if flags[3]:
         top = int(positions.max())
         raise ContractViolation(
             "gated_attention", "block_rows", "inputs.block_rows.shape[1]",

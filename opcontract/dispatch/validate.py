@@ -404,6 +404,9 @@ def check_values(sig: Signature, inputs: dict[str, Any], params: dict[str, Any],
 
 
 def _check_ranges(sig: Signature, inputs, params, sizes) -> None:
+    """Every ranged input's min and max in one read-back (one host sync per call, however
+    many inputs have ranges); the offending values are looked for only when one is out."""
+    ranged = []
     for rule in sig.inputs:
         if rule.values is None:
             continue
@@ -418,9 +421,18 @@ def _check_ranges(sig: Signature, inputs, params, sizes) -> None:
             info = torch.iinfo(t.dtype)
             if not info.min <= allow <= info.max:
                 allow = None  # no element of this dtype can equal it
-        if lo < hi:  # one reduction and one host sync when every value is in range
-            seen = t if allow is None else torch.where(t == allow, lo, t)
-            t_min, t_max = torch.stack(torch.aminmax(seen)).tolist()
+        ranged.append((rule, t, lo, hi, allow, allow_param))
+    if not ranged:
+        return
+    seen = [
+        torch.stack(torch.aminmax(t if allow is None else torch.where(t == allow, lo, t))).long()
+        for _, t, lo, hi, allow, _ in ranged
+        if lo < hi
+    ]
+    stats = iter(torch.stack(seen).tolist() if seen else [])
+    for rule, t, lo, hi, allow, allow_param in ranged:
+        if lo < hi:
+            t_min, t_max = next(stats)
             if lo <= t_min and t_max < hi:
                 continue
             ok = (t >= lo) & (t < hi)
