@@ -140,3 +140,85 @@ def test_value_checked_ops_never_make_a_plan(monkeypatch):
         f(h, w, t)
         f(h, w, t)
     assert not made and not served
+
+
+def _count_keys(monkeypatch) -> list:
+    built = []
+    key = call_cache.key
+
+    def counting(*a):
+        built.append(a)
+        return key(*a)
+
+    monkeypatch.setattr(call_cache, "key", counting)
+    return built
+
+
+def test_repeated_signature_is_served_without_a_memo_key(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm")
+    x, w = _rms_inputs(4)
+    rms = dispatch.op("rms_norm", backend="torch")
+    with torch.no_grad():
+        full = rms(x, w, variant="plain", eps=1e-5)  # full path, makes the plan
+        rms(x, w, variant="plain", eps=1e-5)  # the plan via the memo: the fast entry made
+        built = _count_keys(monkeypatch)
+        x2 = torch.randn_like(x)
+        fast = [rms(x2, w, variant="plain", eps=1e-5) for _ in range(3)]
+    assert not built and len(served) == 4 and served[-1][0] is x2
+    assert all(torch.equal(y, rms(x2, w, variant="plain", eps=1e-5)) for y in fast)
+    assert torch.equal(full, rms(x, w, variant="plain", eps=1e-5))
+    assert dispatch.last_provenance().implementation == "torch.strict_norm"
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["shape", "dtype", "eps value", "eps type", "variant", "keyword missing", "device state"],
+)
+def test_fast_entry_misses_on_any_other_signature(monkeypatch, change):
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm")
+    x, w = _rms_inputs(4)
+    rms = dispatch.op("rms_norm", backend="torch")
+    kw = {"variant": "plain", "eps": 1e-5}
+    with torch.no_grad():
+        rms(x, w, **kw)
+        rms(x, w, **kw)
+    args, kw2 = (x, w), dict(kw)
+    if change == "shape":
+        args = (torch.randn(5, 48), w)
+    elif change == "dtype":
+        args = (x.bfloat16(), w.bfloat16())
+    elif change == "eps value":
+        kw2["eps"] = 1e-6
+    elif change == "eps type":
+        kw2["eps"] = 1  # an int, not 1.0: the memo keys on the type too
+    elif change == "variant":
+        kw2["variant"] = "centred"
+    elif change == "keyword missing":
+        del kw2["eps"]
+    elif change == "device state":
+        call_cache.clear()  # the memo emptied: the fast entry is stale with it
+    built = _count_keys(monkeypatch)
+    with torch.no_grad():
+        y = rms(*args, **kw2)
+    assert built, "the call took the fast entry of another signature"
+    ref = dispatch.op("rms_norm", backend="torch")  # a new OpFunction, the memo emptied
+    call_cache.clear()
+    with torch.no_grad():
+        assert torch.equal(y, ref(*args, **kw2))
+
+
+def test_fast_entry_not_taken_with_grad_or_in_simulate(monkeypatch):
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm")
+    x, w = _rms_inputs(4)
+    rms = dispatch.op("rms_norm", backend="torch")
+    with torch.no_grad():
+        rms(x, w, variant="plain", eps=1e-5)
+        rms(x, w, variant="plain", eps=1e-5)
+    n = len(served)
+    built = _count_keys(monkeypatch)
+    wp = w.clone().requires_grad_()
+    y = rms(x, wp, variant="plain", eps=1e-5)
+    assert y.requires_grad and built and len(served) == n
+    with torch.no_grad(), dispatch.simulate(None, type="cpu"):
+        rms(x, w, variant="plain", eps=1e-5)
+    assert len(served) == n

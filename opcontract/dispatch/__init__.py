@@ -101,6 +101,7 @@ class Report:
 
 
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # 0: _get_current_dispatch_mode() is None
 
 
 def _autocast_on() -> bool:
@@ -168,9 +169,26 @@ class OpFunction:
         self._route = (name, backend, mode, self.config)
         self._autocast = self.contract.autocast != "none"
         self._batched = tuple(r.batched for r in self.sig.inputs)
+        self._fast: call_cache.FastEntry | None = None  # the last planned signature
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         autocast = self._autocast and _autocast_on()
+        f = self._fast
+        if (  # the last planned signature again, under no_grad: its plan, no memo key built
+            f is not None
+            and not autocast
+            and len(args) == len(f.tensors)
+            and not torch.is_grad_enabled()
+            and not _dispatch_modes()
+            and not torch.compiler.is_compiling()
+            and not simulating()
+            and call_cache.fast_match(f, args, kwargs)
+        ):
+            hit = f.call
+            out = hit.plan(*args, *hit.absent)
+            if out is not None:
+                record(f.provenance)
+                return out[0] if self.shell.lone else self.shell.build_result(out, hit.params, None)
         if autocast:
             args, kwargs = _autocast(self.contract.autocast, args, kwargs)
         sh = self.shell
@@ -201,6 +219,8 @@ class OpFunction:
             out = plan(*args, *hit.absent)
             if out is not None:
                 record(route.provenance)
+                if not torch.is_grad_enabled() and (f is None or f.call is not hit):
+                    self._fast = call_cache.fast_entry(k, args, kwargs, hit)
                 return out[0] if sh.lone else sh.build_result(out, hit.params, None)
         inputs, params, lead = hit.inputs(args, kwargs), hit.params, hit.lead
         if lead is not None:

@@ -21,6 +21,7 @@ from opcontract.tables import db
 
 _MAX = 4096
 _MEMO: dict[tuple, Any] = {}
+_cleared = [0]  # times the memo was emptied: a fast entry made before then is stale
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -104,6 +105,7 @@ def state() -> tuple:
     return (
         registry._Registry.generation,
         db._generation,
+        _cleared[0],
         _env(db.ENV),
         _env("TRITON_INTERPRET"),
     )
@@ -117,9 +119,56 @@ def put(k: tuple | None, entry: Any) -> None:
     if k is None:
         return
     if len(_MEMO) >= _MAX:
-        _MEMO.clear()
+        clear()
     _MEMO[k] = entry
 
 
 def clear() -> None:
     _MEMO.clear()
+    _cleared[0] += 1
+
+
+@dataclass(frozen=True, eq=False)
+class FastEntry:
+    """An OpFunction's last planned signature, matched without building a memo key (a
+    model's module calls its op with one signature step after step): the process state and
+    scalar keyword params it was made under, each positional tensor's shape, dtype and
+    device, and the memo entry they lead to."""
+
+    state: tuple
+    kwargs: tuple[tuple[str, type, Any], ...]
+    tensors: tuple[tuple[torch.Size, torch.dtype, torch.device], ...]
+    call: CachedCall
+    provenance: Any  # call.route.provenance
+
+
+def fast_entry(k: tuple, args: tuple, kwargs: dict, call: CachedCall) -> FastEntry | None:
+    """The fast entry of a planned call whose memo key is ``k``; None where the call's
+    arguments can't be matched as one (a keyword tensor, a positional non-tensor)."""
+    if any(type(a) not in TENSOR_TYPES for a in args):
+        return None
+    if any(type(v) not in _SCALAR_TYPES for v in kwargs.values()):
+        return None
+    kw = tuple((n, type(v), v) for n, v in kwargs.items())
+    return FastEntry(k[1], kw, k[2][: len(args)], call, call.route.provenance)
+
+
+def fast_match(f: FastEntry, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of ``len(f.tensors)`` positional args has ``f``'s signature under the
+    same process state: then the memo would return ``f.call``."""
+    if len(kwargs) != len(f.kwargs) or state() != f.state:
+        return False
+    get = kwargs.get
+    for name, typ, value in f.kwargs:
+        v = get(name, _MISSING)
+        if type(v) is not typ or v != value:
+            return False
+    for a, (shape, dtype, device) in zip(args, f.tensors, strict=False):  # counts checked
+        if type(a) not in TENSOR_TYPES or a.shape != shape or a.dtype != dtype:
+            return False
+        if a.device != device:
+            return False
+    return True
+
+
+_MISSING = object()
