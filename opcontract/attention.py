@@ -222,8 +222,8 @@ class PagedKVCache:
             if blocks[b] < 0:
                 blocks[b] = self._page() * BLOCK
             rows.append(blocks[b] + p % BLOCK)
-        if rows:
-            idx = torch.tensor(rows, device=self.device)
+        if rows:  # built on the host, copied without waiting for the GPU's queue
+            idx = torch.tensor(rows).to(self.device, non_blocking=True)
             self.k.index_copy_(0, idx, k)
             self.v.index_copy_(0, idx, v)
         for _, s, p in tokens:
@@ -249,9 +249,10 @@ class PagedKVCache:
 
     def attend(self, seq, positions, q, gate):
         """The queries' gated attention over what the cache holds."""
-        dev = self.device
-        return self._f(q, self.k, self.v, gate, positions.to(dev), seq.to(dev),
-                       self.table.to(dev), self.lengths.to(dev), layer=self.layer,
+        dev, nb = self.device, True  # host tensors copied without a wait for the GPU's queue
+        return self._f(q, self.k, self.v, gate, positions.to(dev, non_blocking=nb),
+                       seq.to(dev, non_blocking=nb), self.table.to(dev, non_blocking=nb),
+                       self.lengths.to(dev, non_blocking=nb), layer=self.layer,
                        window=self.window, scale=self.scale)  # fmt: skip
 
     def step(self, seq, positions, q, k, v, gate, *, evict: bool = True):

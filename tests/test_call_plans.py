@@ -222,3 +222,25 @@ def test_fast_entry_not_taken_with_grad_or_in_simulate(monkeypatch):
     with torch.no_grad(), dispatch.simulate(None, type="cpu"):
         rms(x, w, variant="plain", eps=1e-5)
     assert len(served) == n
+
+
+def test_positional_none_input_takes_the_plan_and_the_fast_entry(monkeypatch):
+    """A module's ``gemm(x, self.weight, self.bias)`` with no bias: the plan serves it."""
+    made, served = _recording_plan(monkeypatch, "torch.strict_gemm")
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(3, 32, generator=g), torch.randn(16, 32, generator=g)
+    gemm = dispatch.op("dense_gemm", backend="torch")
+    with torch.no_grad():
+        full = gemm(x, w, None)
+        gemm(x, w, None)
+        built = _count_keys(monkeypatch)
+        fast = gemm(x, w, None)
+    assert len(served) == 2 and served[-1][2] is None and not built
+    assert torch.equal(fast, full) and torch.equal(full, gemm(x, w))
+    bias = torch.randn(16, generator=g)
+    with torch.no_grad():
+        y = gemm(x, w, bias)  # a tensor where the fast entry has None: the memo path
+    assert built  # the key was built for the biased call
+    call_cache.clear()
+    with torch.no_grad():
+        assert torch.equal(y, dispatch.op("dense_gemm", backend="torch")(x, w, bias))

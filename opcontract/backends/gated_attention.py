@@ -21,9 +21,11 @@ def check_call(inputs: dict, params: dict) -> None:
     if positions.numel() == 0:
         return
     live = positions >= 0
-    # distinct positions per sequence: sort the live rows by (sequence, position)
-    key = seq * (1 << 31) + positions
-    sorted_key = torch.sort(key[live]).values
+    # distinct positions per sequence: sort the rows by (sequence, position), each row
+    # without a query at a distinct negative key (no boolean indexing: no host sync)
+    none = -1 - torch.arange(positions.shape[0], device=positions.device)
+    key = torch.where(live, seq * (1 << 31) + positions, none)
+    sorted_key = torch.sort(key).values
     dup = sorted_key[1:] == sorted_key[:-1]
     beyond = live & (positions >= key_len[seq])
     # every block from the lowest visible position's block to the query's own must be present

@@ -135,10 +135,10 @@ def _autocast(policy: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 def _sources(names: tuple, args: tuple, kwargs: dict, bound: BoundCall) -> tuple:
     out = []
     for i, n in enumerate(names):
-        if bound.inputs[n] is None:
-            out.append((n, None))
-        elif i < len(args):
+        if i < len(args):  # positional, None included (a plan takes it where it came)
             out.append((n, i))
+        elif bound.inputs[n] is None:
+            out.append((n, None))
         else:
             out.append((n, n))
     return tuple(out)

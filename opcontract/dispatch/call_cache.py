@@ -137,20 +137,27 @@ class FastEntry:
 
     state: tuple
     kwargs: tuple[tuple[str, type, Any], ...]
-    tensors: tuple[tuple[torch.Size, torch.dtype, torch.device], ...]
+    tensors: tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...]  # None: None
     call: CachedCall
     provenance: Any  # call.route.provenance
 
 
 def fast_entry(k: tuple, args: tuple, kwargs: dict, call: CachedCall) -> FastEntry | None:
     """The fast entry of a planned call whose memo key is ``k``; None where the call's
-    arguments can't be matched as one (a keyword tensor, a positional non-tensor)."""
-    if any(type(a) not in TENSOR_TYPES for a in args):
-        return None
+    arguments can't be matched as one (a keyword tensor, a positional non-tensor other
+    than None)."""
+    sig = []
+    for a in args:
+        if a is None:
+            sig.append(None)
+        elif type(a) in TENSOR_TYPES:
+            sig.append((a.shape, a.dtype, a.device))
+        else:
+            return None
     if any(type(v) not in _SCALAR_TYPES for v in kwargs.values()):
         return None
     kw = tuple((n, type(v), v) for n, v in kwargs.items())
-    return FastEntry(k[1], kw, k[2][: len(args)], call, call.route.provenance)
+    return FastEntry(k[1], kw, tuple(sig), call, call.route.provenance)
 
 
 def fast_match(f: FastEntry, args: tuple, kwargs: dict) -> bool:
@@ -163,10 +170,14 @@ def fast_match(f: FastEntry, args: tuple, kwargs: dict) -> bool:
         v = get(name, _MISSING)
         if type(v) is not typ or v != value:
             return False
-    for a, (shape, dtype, device) in zip(args, f.tensors, strict=False):  # counts checked
-        if type(a) not in TENSOR_TYPES or a.shape != shape or a.dtype != dtype:
+    for a, sig in zip(args, f.tensors, strict=False):  # counts checked by the caller
+        if sig is None:
+            if a is not None:
+                return False
+            continue
+        if type(a) not in TENSOR_TYPES or a.shape != sig[0] or a.dtype != sig[1]:
             return False
-        if a.device != device:
+        if a.device != sig[2]:
             return False
     return True
 
