@@ -15,11 +15,16 @@ _C = get_contract("gated_attention")
 BLOCK = _C.reductions["key_blocks"].block
 
 
-def check_call(inputs: dict, params: dict) -> None:
+def check_call(inputs: dict, params: dict):
+    """The checks as device flags and the function that raises for the first one set (see
+    ``validate.check_values``: read back with the index ranges, in one host sync, and
+    finished only once every range holds); None for a call without queries."""
     positions, seq = inputs["positions"].long(), inputs["seq"].long()
     block_rows, key_len = inputs["block_rows"], inputs["key_len"].long()
-    if positions.numel() == 0:
-        return
+    S = block_rows.shape[0]
+    if positions.numel() == 0 or S == 0:
+        return None  # no query, or no sequence (the range of seq then fails first)
+    seq = seq.clamp(0, S - 1)  # indexes safely before the ranges are read back
     live = positions >= 0
     # distinct positions per sequence: sort the rows by (sequence, position), each row
     # without a query at a distinct negative key (no boolean indexing: no host sync)
@@ -38,32 +43,35 @@ def check_call(inputs: dict, params: dict) -> None:
     need = live[:, None] & (b >= lo[:, None] // BLOCK) & (b <= positions[:, None] // BLOCK)
     missing = need & (block_rows[seq].long() < 0)
     short = positions // BLOCK >= nb
-    # one read-back for the four checks; the details are looked up only for a failing one
-    flags = torch.stack([dup.any(), beyond.any(), missing.any(), short.any()]).tolist()
-    if flags[0]:
-        k = int(sorted_key[1:][dup][0])
-        raise ContractViolation(
-            "gated_attention", "positions", "inputs.positions.values",
-            f"two queries of sequence {k >> 31} at position {k & ((1 << 31) - 1)}: a "
-            f"sequence's queries must be at distinct positions",
-        )  # fmt: skip
-    if flags[1]:
-        t = int(beyond.nonzero()[0, 0])
-        raise ContractViolation(
-            "gated_attention", "positions", "inputs.positions.values",
-            f"query {t} at position {int(positions[t])} but its sequence's keys end at "
-            f"{int(key_len[seq[t]])} (key_len)",
-        )  # fmt: skip
-    if flags[2]:
-        t, blk = (int(x) for x in missing.nonzero()[0])
-        raise ContractViolation(
-            "gated_attention", "block_rows", "inputs.block_rows.values",
-            f"query {t} (sequence {int(seq[t])}, position {int(positions[t])}) sees key "
-            f"block {blk}, which block_rows marks absent (-1)",
-        )  # fmt: skip
-    if flags[3]:
-        top = int(positions.max())
-        raise ContractViolation(
-            "gated_attention", "block_rows", "inputs.block_rows.shape[1]",
-            f"a query at position {top} needs block {top // BLOCK}, but block_rows has {nb}",
-        )  # fmt: skip
+    flags = torch.stack([dup.any(), beyond.any(), missing.any(), short.any()]).long()
+
+    def finish(values: list[int]) -> None:
+        if values[0]:
+            k = int(sorted_key[1:][dup][0])
+            raise ContractViolation(
+                "gated_attention", "positions", "inputs.positions.values",
+                f"two queries of sequence {k >> 31} at position {k & ((1 << 31) - 1)}: a "
+                f"sequence's queries must be at distinct positions",
+            )  # fmt: skip
+        if values[1]:
+            t = int(beyond.nonzero()[0, 0])
+            raise ContractViolation(
+                "gated_attention", "positions", "inputs.positions.values",
+                f"query {t} at position {int(positions[t])} but its sequence's keys end at "
+                f"{int(key_len[seq[t]])} (key_len)",
+            )  # fmt: skip
+        if values[2]:
+            t, blk = (int(x) for x in missing.nonzero()[0])
+            raise ContractViolation(
+                "gated_attention", "block_rows", "inputs.block_rows.values",
+                f"query {t} (sequence {int(seq[t])}, position {int(positions[t])}) sees key "
+                f"block {blk}, which block_rows marks absent (-1)",
+            )  # fmt: skip
+        if values[3]:
+            top = int(positions.max())
+            raise ContractViolation(
+                "gated_attention", "block_rows", "inputs.block_rows.shape[1]",
+                f"a query at position {top} needs block {top // BLOCK}, but block_rows has {nb}",
+            )  # fmt: skip
+
+    return flags, finish

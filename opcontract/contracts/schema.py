@@ -234,8 +234,10 @@ class Contract(_Strict):
     nonfinite: NonFiniteSpec = Field(default_factory=NonFiniteSpec)
     value_checks: list[str] = Field(
         default_factory=list,
-        description="'module:function(inputs, params)' raising ContractViolation: checks of "
-        "values a range can't state (run with the index ranges, before any kernel)",
+        description="'module:function(inputs, params)' -> None or (flags, finish): checks of "
+        "values a range can't state, as a 1-D int64 tensor of flags read back with the index "
+        "ranges (one host sync), then finish(values) raising ContractViolation; before any "
+        "kernel",
     )
     named_result: str | None = Field(
         None, description="type of the named tuple returned when an optional output is asked for"

@@ -398,14 +398,16 @@ def check_values(sig: Signature, inputs: dict[str, Any], params: dict[str, Any],
         return
     if any(t is not None and t.device.type == "meta" for t in inputs.values()):
         return  # no values to read
-    _check_ranges(sig, inputs, params, sizes)
-    for check in sig.value_checks:
-        check(inputs, params)
+    pending = [p for p in (check(inputs, params) for check in sig.value_checks) if p is not None]
+    read = _check_ranges(sig, inputs, params, sizes, [flags for flags, _ in pending])
+    for (_, finish), values in zip(pending, read, strict=True):
+        finish(values)
 
 
-def _check_ranges(sig: Signature, inputs, params, sizes) -> None:
-    """Every ranged input's min and max in one read-back (one host sync per call, however
-    many inputs have ranges); the offending values are looked for only when one is out."""
+def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> list[list[int]]:
+    """Every ranged input's min and max, and the value checks' ``flags`` (1-D int64 tensors),
+    in one read-back (one host sync per call); the offending values are looked for only when
+    one is out. Returns each flags tensor's values, once every range holds."""
     ranged = []
     for rule in sig.inputs:
         if rule.values is None:
@@ -422,14 +424,14 @@ def _check_ranges(sig: Signature, inputs, params, sizes) -> None:
             if not info.min <= allow <= info.max:
                 allow = None  # no element of this dtype can equal it
         ranged.append((rule, t, lo, hi, allow, allow_param))
-    if not ranged:
-        return
-    seen = [
+    parts = [
         torch.stack(torch.aminmax(t if allow is None else torch.where(t == allow, lo, t))).long()
         for _, t, lo, hi, allow, _ in ranged
         if lo < hi
     ]
-    stats = iter(torch.stack(seen).tolist() if seen else [])
+    parts += list(flags)
+    values = torch.cat(parts).tolist() if parts else []
+    stats = iter(values[2 * i : 2 * i + 2] for i in range(len(parts) - len(flags)))
     for rule, t, lo, hi, allow, allow_param in ranged:
         if lo < hi:
             t_min, t_max = next(stats)
@@ -452,3 +454,8 @@ def _check_ranges(sig: Signature, inputs, params, sizes) -> None:
             f"must lie in [{lo}, {hi}){extra}; {bad.numel()} value(s) "
             f"do not, e.g. {bad.flatten()[0].item()}",
         )
+    out, at = [], 2 * (len(parts) - len(flags))
+    for f in flags:
+        out.append(values[at : at + f.numel()])
+        at += f.numel()
+    return out

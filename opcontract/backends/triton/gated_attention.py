@@ -35,7 +35,7 @@ def tiles(seq: torch.Tensor, per_tile: int) -> torch.Tensor:
     new_run[1:] = seq[1:] != seq[:-1]
     run_start = torch.cummax(torch.where(new_run, i, 0), dim=0).values
     first = ((i - run_start) % per_tile == 0).nonzero()[:, 0]
-    ends = torch.cat([first[1:], first.new_tensor([T])])
+    ends = torch.cat([first[1:], torch.full_like(first[:1], T)])  # no host-to-device copy
     return torch.stack([first, ends - first, seq[first].long()], dim=1).to(torch.int32)
 
 
