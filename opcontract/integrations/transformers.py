@@ -166,9 +166,11 @@ class OpcontractKVCache(Cache):
         hit = self._tokens
         if hit is not None and hit[0] is mask and hit[1] == seen and hit[2] == device:
             return hit[3]
-        pos = positions_from_mask(mask)[:, seen:]
+        pos = positions_from_mask(mask.cpu())[:, seen:]  # one read-back; the rest on the host
         rows, cols = (pos >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
-        found = (rows.cpu(), pos[rows, cols].cpu(), rows.to(device), cols.to(device))
+        nb = True  # host tensors copied without a wait for the GPU's queue
+        found = (rows, pos[rows, cols], rows.to(device, non_blocking=nb),
+                 cols.to(device, non_blocking=nb))  # fmt: skip
         self._tokens = (mask, seen, device, found)
         return found
 
@@ -234,7 +236,16 @@ def _padding_mask(
             f"opcontract attention takes a 2-D padding mask [{batch_size}, {kv_length}], "
             f"got {tuple(attention_mask.shape)}"
         )
-    return attention_mask.to(torch.bool)
+    last = _LAST_MASK[0]
+    if last is not None and last[0] is attention_mask and last[2] == attention_mask._version:
+        return last[1]  # the other layer kind's mask of this forward: the same object, so
+        # the cache finds this step's real tokens once (OpcontractKVCache._real_tokens)
+    out = attention_mask.to(torch.bool)
+    _LAST_MASK[0] = (attention_mask, out, attention_mask._version)
+    return out
+
+
+_LAST_MASK: list = [None]  # (the last 2-D mask given, its bool form, its version)
 
 
 def _gated_attention(
@@ -516,8 +527,7 @@ def _check_position_ids(
     else:
         want = positions_from_mask(mask)[:, -L:]
     got = position_ids.to(want.device).expand_as(want)
-    real = want >= 0
-    if not torch.equal(got[real], want[real]):
+    if bool(((got != want) & (want >= 0)).any()):  # one read-back
         raise ValueError(
             "opcontract derives positions from the attention mask (cumsum(mask) - 1); the "
             "position_ids given disagree on real tokens (packed sequences are not supported)"
