@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -68,6 +70,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--profile", default="", help="cProfile the patched decode into this file")
+    ap.add_argument("--time", type=int, default=0,
+                    help="also time generate of this many new tokens (median of 3)")  # fmt: skip
     args = ap.parse_args()
     from opcontract.integrations.transformers import apply_opcontract
 
@@ -97,6 +101,17 @@ def main() -> int:
             "syncs_in_prefill_and_first_token": sum(one.values()),
             "per_step_by_location": per_step,
         }
+        if args.time:
+            secs = []
+            for _ in range(3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                gen(args.time)
+                torch.cuda.synchronize()
+                secs.append(time.perf_counter() - t0)
+            row["new_tokens"] = args.time
+            row["seconds"] = statistics.median(secs)
+            row["tokens_per_s"] = args.time * args.batch / row["seconds"]  # prefill included
         rows.append(row)
         print(json.dumps(row, indent=1), flush=True)
         if args.profile and provider == "opcontract":
