@@ -140,6 +140,11 @@ class PagedKVCache:
         return torch.tensor(self._rows, dtype=torch.int64)
 
     @property
+    def sequences(self) -> int:
+        """How many sequences the cache holds rows for."""
+        return len(self._len)
+
+    @property
     def lengths(self) -> torch.Tensor:
         """[sequences] int64 (host): how many positions of each sequence the cache holds."""
         return torch.tensor(self._len, dtype=torch.int64)

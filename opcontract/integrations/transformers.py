@@ -202,9 +202,9 @@ class OpcontractKVCache(Cache):
                 scale=scale, backend=self.backend,
             )  # fmt: skip
             self.paged[layer_idx] = paged
-        elif paged.lengths.shape[0] != B:
+        elif paged.sequences != B:
             raise ValueError(
-                f"OpcontractKVCache holds {paged.lengths.shape[0]} sequences, got a batch of {B}"
+                f"OpcontractKVCache holds {paged.sequences} sequences, got a batch of {B}"
             )
         rows, positions, r, c = self._real_tokens(mask, seen, q.device)
         out = q.new_zeros(q.shape)
