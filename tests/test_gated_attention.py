@@ -220,6 +220,32 @@ def test_bad_calls_are_violations():
                                        layer="global")  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "pos, seq, key_len, match",
+    [
+        ([5, 6], [0, 1], [301], "'seq'.*must lie in \\[0, 1\\)"),  # checked before the flags
+        ([5, 5], [0, 0], [301], "two queries of sequence 0 at position 5"),
+        ([300, -1], [0, 0], [300], "keys end at 300"),
+        ([384, 1], [0, 0], [385], "needs block 3, but block_rows has 3"),
+        ([-1, 7], [0, 0], [301], None),  # a row without a query beside a query: served
+    ],
+    ids=["seq-range", "duplicate", "beyond-keys", "short-table", "ok"],
+)
+def test_the_ops_value_checks_name_the_argument(pos, seq, key_len, match):
+    """The index ranges and the op's own checks are read back together; a failing range is
+    reported first (the checks index with seq clamped until then), then the first flag."""
+    (q, k, v, gate), = _seqs([2])  # fmt: skip
+    store = torch.randn(400, HKV, D)
+    args = (q, store, store.clone(), gate, torch.tensor(pos), torch.tensor(seq),
+            torch.tensor([[0, 128, 256]]), torch.tensor(key_len))  # fmt: skip
+    f = dispatch.op("gated_attention")
+    if match is None:
+        assert f(*args, layer="global").shape == q.shape
+        return
+    with pytest.raises(ContractViolation, match=match):
+        f(*args, layer="global")
+
+
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=600)],
                          ids=["global", "local"])  # fmt: skip
 def test_split_decode_gives_the_fused_bits(kw):
