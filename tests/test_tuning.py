@@ -704,35 +704,55 @@ def test_every_shipped_entry_is_usable_under_the_current_contracts():
         assert entry_problem(e, impl, c.numerics_sha256) is None, e.describe()
 
 
-def test_attention_entries_key_on_head_geometry_and_serve_any_key_store(tmp_path, monkeypatch):
-    """gated_attention's table key is (Hq, Hkv, D) and the query-row bucket: one entry
-    serves calls against key stores of any size (every cache has its own N, S, NB)."""
+def test_attention_entries_key_on_head_geometry_and_layer_kind_and_serve_any_key_store(
+    tmp_path, monkeypatch
+):
+    """gated_attention's table key is (Hq, Hkv, D, layer) and the query-row bucket: one entry
+    serves calls against key stores of any size (every cache has its own N, S, NB), and
+    only calls of its layer kind (a local layer's tiles see a window a global one doesn't)."""
     from opcontract.backends.torch.gated_attention import conformance_inputs
     from opcontract.tables.db import shape_key
 
     c = get_contract("gated_attention")
-    assert c.conformance.table_key == ["Hq", "Hkv", "D"]
-    assert shape_key({"T": 8, "Hq": 4, "Hkv": 2, "D": 16, "N": 9, "S": 1, "NB": 1}, "T",
-                     c.conformance.table_key) == "D=16,Hkv=2,Hq=4"  # fmt: skip
+    assert c.conformance.table_key == ["Hq", "Hkv", "D", "layer"]
+    sizes = {"T": 8, "Hq": 4, "Hkv": 2, "D": 16, "N": 9, "S": 1, "NB": 1}
+    assert shape_key(sizes, "T", c.conformance.table_key, {"layer": "local", "window": 5}) == (
+        "D=16,Hkv=2,Hq=4,layer=local"
+    )
     table = tmp_path / "attn.json"
     cfg = {"split": 0, "block_m": 64, "num_warps": 4, "num_stages": 2}
     write_entry(table, make_entry(device=CPU, op="gated_attention",
                                   implementation="triton.attention", dtype="float32",
-                                  shape="D=16,Hkv=2,Hq=4", bucket=32, config=cfg,
+                                  shape="D=16,Hkv=2,Hq=4,layer=global", bucket=32, config=cfg,
                                   numerics_sha256=c.numerics_sha256, median_ms=1.0))  # fmt: skip
     monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
     case = c.conformance.cases[0]
     for store in ({"N": 700, "S": 3, "NB": 6}, {"N": 300, "S": 2, "NB": 3}):
         inputs, params = conformance_inputs(c, case, "float32", sizes={"T": 24, **store})
+        params = {**params, "layer": "global", "window": None}
         r = dispatch.explain("gated_attention", **inputs, **params, backend="triton")
         assert r.tuning_entry and r.tuning_entry.startswith(str(table)), store
         assert {k: r.config[k] for k in cfg} == cfg
+        local = {**params, "layer": "local", "window": 64}
+        r = dispatch.explain("gated_attention", **inputs, **local, backend="triton")
+        assert r.tuning_entry is None, "a local call took the global layers' entry"
+
+
+def test_shipped_attention_entries_are_the_global_layers():
+    """The H200 entries were swept on global layers (the sweep's params): keyed so."""
+    from opcontract.tables.db import PACKAGE_TABLES
+
+    entries = [e for e in TuningDB([PACKAGE_TABLES]).entries if e.key["op"] == "gated_attention"]
+    assert entries and all(e.key["shape"].endswith(",layer=global") for e in entries)
 
 
 def test_a_table_key_symbol_that_is_not_a_shape_symbol_is_a_contract_error():
     from opcontract.contracts.loader import ContractFileError, parse_contract
 
     path = Path(opcontract.contracts.__file__).parent / "ops" / "gated_attention.yaml"
-    text = path.read_text().replace("table_key: [Hq, Hkv, D]", "table_key: [Hq, Q]")
+    text = path.read_text().replace("table_key: [Hq, Hkv, D, layer]", "table_key: [Hq, Q]")
     with pytest.raises(ContractFileError, match="'Q' is not a shape symbol"):
+        parse_contract(text)
+    text = path.read_text().replace("table_key: [Hq, Hkv, D, layer]", "table_key: [Hq, scale]")
+    with pytest.raises(ContractFileError, match="'scale' is not a shape symbol.*nor a str"):
         parse_contract(text)

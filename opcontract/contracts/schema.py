@@ -181,9 +181,10 @@ class ConformanceSpec(_Strict):
     table_key: list[str] | None = Field(
         None,
         description=(
-            "the shape symbols a tuning entry is keyed by, beside the batch bucket; default "
-            "every symbol but the batch one (attention: the head geometry, not the sizes of "
-            "the key store, which every call has its own)"
+            "the shape symbols (and str, int or bool params) a tuning entry is keyed by, "
+            "beside the batch bucket; default every symbol but the batch one (attention: the "
+            "head geometry and the layer kind, not the sizes of the key store, which every "
+            "call has its own)"
         ),
     )
     make_inputs: str | None = Field(
@@ -593,9 +594,14 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
         if dt not in c.tolerance:
             out.append((("tolerance",), f"no tolerance for served dtype {dt}"))
     for sym in c.conformance.table_key or ():
-        if sym not in symbols or sym == c.conformance.batch_dim:
+        keyed_param = sym in c.params and c.params[sym].type in ("str", "int", "bool")
+        if (sym not in symbols or sym == c.conformance.batch_dim) and not keyed_param:
             out.append(
-                (("conformance", "table_key"), f"'{sym}' is not a shape symbol but the batch one")
+                (
+                    ("conformance", "table_key"),
+                    f"'{sym}' is not a shape symbol but the batch one, nor a str, int or bool "
+                    "param",
+                )
             )
     if c.conformance.batch_dim not in symbols:
         out.append(

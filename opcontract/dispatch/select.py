@@ -212,7 +212,8 @@ def _entry(contract: Contract, call: CallInfo, impl: Implementation) -> Entry | 
         contract.op,
         impl,
         call.dtype,
-        shape_key(call.sizes, contract.conformance.batch_dim, contract.conformance.table_key),
+        shape_key(call.sizes, contract.conformance.batch_dim, contract.conformance.table_key,
+                  call.params),  # fmt: skip
         bucket_of(call.sizes.get(contract.conformance.batch_dim, 0)),
         contract.numerics_sha256,
     )

@@ -46,14 +46,22 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
-def shape_key(sizes: dict[str, int], batch_dim: str, keys: list[str] | None = None) -> str:
-    """The call's fixed sizes (``keys``, default every symbol but the batch one), e.g.
-    'H=6656,V=202048'."""
-    return ",".join(
+def shape_key(
+    sizes: dict[str, int],
+    batch_dim: str,
+    keys: list[str] | None = None,
+    params: dict | None = None,
+) -> str:
+    """The call's fixed sizes (``keys``, default every symbol but the batch one), then the
+    params ``keys`` names, e.g. 'H=6656,V=202048' or 'D=128,Hkv=2,Hq=32,layer=local'."""
+    fixed = [
         f"{k}={v}"
         for k, v in sorted(sizes.items())
         if k != batch_dim and (keys is None or k in keys)
-    )
+    ]
+    params = params or {}
+    named = [f"{k}={params[k]}" for k in sorted(keys or ()) if k not in sizes and k in params]
+    return ",".join(fixed + named)
 
 
 def bucket_of(n: int) -> int:

@@ -438,7 +438,7 @@ def run_sweep(
         impl = implementation(item.implementation)
         sizes = {**item.sizes, c.conformance.batch_dim: b}
         # one study per table key: the fixed sizes are part of it (shapes must not share trials)
-        shape = shape_key(sizes, c.conformance.batch_dim, c.conformance.table_key)
+        shape = shape_key(sizes, c.conformance.batch_dim, c.conformance.table_key, item.params)
         name = f"{sweep.name}/{item.op}/{impl.name}/{dt}/{shape}/{b}"
         call = _call_key(item, dt, b)
         if first is not None and first[0] != call:
