@@ -64,7 +64,10 @@ for s in "$@"; do
         fuzz) stage fuzz "${FUZZ_LIMIT:-300}" python3 benchmarks/fuzz_counts.py --device cuda \
             --out "$OUT/fuzz_counts_h200.json" ;;
         host-time) stage "host-time-$LABEL" 120 python3 benchmarks/host_time.py --label "$LABEL" \
-            --out "$OUT/host_time_h200_${LABEL}.json" ;;
+            --parameters --layers --out "$OUT/host_time_h200_${LABEL}.json" ;;
+        decode-syncs)  # host syncs per eager decode step and tokens/s, stock and patched (B = 1)
+            stage decode-syncs 200 python3 benchmarks/decode_syncs.py --time 32 \
+                --out "$OUT/decode_syncs_h200.json" ;;
         norms) stage norms 180 python3 benchmarks/norm_kernels_explore.py \
             --out "$OUT/norm_kernels_explore_h200.json" ;;
         rms-decode) stage rms-decode 120 python3 benchmarks/rms_decode_explore.py \
