@@ -143,19 +143,6 @@ def clear() -> None:
     _COMPILED.clear()
 
 
-class Pointer:
-    """An address inside a tensor's storage, passed to a kernel as a pointer argument (what a
-    view would pass, without building one per call)."""
-
-    __slots__ = ("address",)
-
-    def __init__(self, address: int) -> None:
-        self.address = address
-
-    def data_ptr(self) -> int:
-        return self.address
-
-
 def prepared(
     kernel, grid: tuple[int, ...], args: tuple, meta: dict, checked: tuple[int, ...] | None = None
 ) -> Any:
