@@ -147,11 +147,11 @@ def fast_entry(k: tuple, args: tuple, kwargs: dict, call: CachedCall) -> FastEnt
     arguments can't be matched as one (a keyword tensor, a positional non-tensor other
     than None)."""
     sig = []
-    for a in args:
+    for a, s in zip(args, k[2], strict=False):  # the key's (shape, dtype, device) of a tensor
         if a is None:
             sig.append(None)
         elif type(a) in TENSOR_TYPES:
-            sig.append((a.shape, a.dtype, a.device))
+            sig.append(s)
         else:
             return None
     if any(type(v) not in _SCALAR_TYPES for v in kwargs.values()):
