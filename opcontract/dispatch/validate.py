@@ -429,9 +429,10 @@ def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> li
         for _, t, lo, hi, allow, _ in ranged
         if lo < hi
     ]
+    n_stats = 2 * len(parts)  # a (min, max) pair per range read
     parts += list(flags)
     values = torch.cat(parts).tolist() if parts else []
-    stats = iter(values[2 * i : 2 * i + 2] for i in range(len(parts) - len(flags)))
+    stats = iter(values[i : i + 2] for i in range(0, n_stats, 2))
     for rule, t, lo, hi, allow, allow_param in ranged:
         if lo < hi:
             t_min, t_max = next(stats)
@@ -454,7 +455,7 @@ def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> li
             f"must lie in [{lo}, {hi}){extra}; {bad.numel()} value(s) "
             f"do not, e.g. {bad.flatten()[0].item()}",
         )
-    out, at = [], 2 * (len(parts) - len(flags))
+    out, at = [], n_stats
     for f in flags:
         out.append(values[at : at + f.numel()])
         at += f.numel()
