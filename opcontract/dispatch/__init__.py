@@ -19,8 +19,10 @@ from opcontract.backends.registry import implementations
 from opcontract.contracts import get_contract
 from opcontract.dispatch import call_cache
 from opcontract.dispatch.call_cache import UNTRIED, CachedCall
+from opcontract.dispatch.device import _active as _simulate_blocks
 from opcontract.dispatch.device import simulate, simulating
 from opcontract.dispatch.provenance import Provenance, last_provenance, record
+from opcontract.dispatch.provenance import _local as _provenance_local
 from opcontract.dispatch.select import MODES, check_plan_request, route_string
 from opcontract.dispatch.shell import bypass_op, layout_copies, op_shell, resolve
 from opcontract.dispatch.validate import BoundCall, bind, signature
@@ -102,6 +104,7 @@ class Report:
 
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # 0: _get_current_dispatch_mode() is None
+_grad_enabled, _compiling = torch.is_grad_enabled, torch.compiler.is_compiling
 
 
 def _autocast_on() -> bool:
@@ -172,23 +175,22 @@ class OpFunction:
         self._fast: call_cache.FastEntry | None = None  # the last planned signature
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        autocast = self._autocast and _autocast_on()
         f = self._fast
         if (  # the last planned signature again, under no_grad: its plan, no memo key built
             f is not None
-            and not autocast
-            and len(args) == len(f.tensors)
-            and not torch.is_grad_enabled()
+            and not _grad_enabled()
             and not _dispatch_modes()
-            and not torch.compiler.is_compiling()
-            and not simulating()
-            and call_cache.fast_match(f, args, kwargs)
+            and not (self._autocast and _autocast_on())
+            and not _compiling()
+            and not _simulate_blocks[0]
+            and f.match(args, kwargs)
         ):
             hit = f.call
             out = hit.plan(*args, *hit.absent)
             if out is not None:
-                record(f.provenance)
+                _provenance_local.last = f.provenance  # record(f.provenance), inlined
                 return out[0] if self.shell.lone else self.shell.build_result(out, hit.params, None)
+        autocast = self._autocast and _autocast_on()
         if autocast:
             args, kwargs = _autocast(self.contract.autocast, args, kwargs)
         sh = self.shell

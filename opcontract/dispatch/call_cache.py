@@ -10,6 +10,7 @@ path would. Index ranges read tensor values and are checked on every call. Calls
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,27 +88,28 @@ def key(route: tuple, args: tuple, kwargs: dict) -> tuple | None:
     return (route, state(), tuple(sig))
 
 
-def _env_reader():
-    """A fast reader of one environment variable: os.environ's own mapping, looked up by its
-    encoded key (no encode/decode per call); os.environ.get where that isn't available."""
+def _env_reader(name: str) -> Any:
+    """A fast reader of one environment variable: os.environ's own mapping, looked up by the
+    key encoded once (no encode/decode per call); os.environ.get where that isn't available."""
     data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
     if not isinstance(data, dict) or encode is None:
-        return lambda name: os.environ.get(name)
-    return lambda name, _k={}: data.get(_k.get(name) or _k.setdefault(name, encode(name)))
+        return lambda: os.environ.get(name)
+    return functools.partial(data.get, encode(name))
 
 
-_env = _env_reader()
+_env_tables, _env_interpret = _env_reader(db.ENV), _env_reader("TRITON_INTERPRET")
+_Registry = registry._Registry
 
 
 def state() -> tuple:
     """Process state that selection depends on besides the call itself (the backends are
     registered before any key is asked for: ``shell.op_shell`` loads them)."""
     return (
-        registry._Registry.generation,
+        _Registry.generation,
         db._generation,
         _cleared[0],
-        _env(db.ENV),
-        _env("TRITON_INTERPRET"),
+        _env_tables(),
+        _env_interpret(),
     )
 
 
@@ -131,13 +133,12 @@ def clear() -> None:
 @dataclass(frozen=True, eq=False)
 class FastEntry:
     """An OpFunction's last planned signature, matched without building a memo key (a
-    model's module calls its op with one signature step after step): the process state and
-    scalar keyword params it was made under, each positional tensor's shape, dtype and
-    device, and the memo entry they lead to."""
+    model's module calls its op with one signature step after step). ``match(args,
+    kwargs)`` is True where the memo would return ``call``: the same process state, scalar
+    keyword params of the same type and value, and each positional arg None where it was
+    None, else a tensor of the same type class, shape, dtype and device."""
 
-    state: tuple
-    kwargs: tuple[tuple[str, type, Any], ...]
-    tensors: tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...]  # None: None
+    match: Any  # (args: tuple, kwargs: dict) -> bool, compiled for this one signature
     call: CachedCall
     provenance: Any  # call.route.provenance
 
@@ -146,40 +147,43 @@ def fast_entry(k: tuple, args: tuple, kwargs: dict, call: CachedCall) -> FastEnt
     """The fast entry of a planned call whose memo key is ``k``; None where the call's
     arguments can't be matched as one (a keyword tensor, a positional non-tensor other
     than None)."""
-    sig = []
-    for a, s in zip(args, k[2], strict=False):  # the key's (shape, dtype, device) of a tensor
-        if a is None:
-            sig.append(None)
-        elif type(a) in TENSOR_TYPES:
-            sig.append(s)
-        else:
-            return None
+    if any(a is not None and type(a) not in TENSOR_TYPES for a in args):
+        return None
     if any(type(v) not in _SCALAR_TYPES for v in kwargs.values()):
         return None
-    kw = tuple((n, type(v), v) for n, v in kwargs.items())
-    return FastEntry(k[1], kw, tuple(sig), call, call.route.provenance)
+    return FastEntry(_matcher(k[1], args, k[2], kwargs), call, call.route.provenance)
 
 
-def fast_match(f: FastEntry, args: tuple, kwargs: dict) -> bool:
-    """Whether a call of ``len(f.tensors)`` positional args has ``f``'s signature under the
-    same process state: then the memo would return ``f.call``."""
-    if len(kwargs) != len(f.kwargs) or state() != f.state:
-        return False
-    get = kwargs.get
-    for name, typ, value in f.kwargs:
-        v = get(name, _MISSING)
-        if type(v) is not typ or v != value:
-            return False
-    for a, sig in zip(args, f.tensors, strict=False):  # counts checked by the caller
-        if sig is None:
-            if a is not None:
-                return False
+def _matcher(process: tuple, args: tuple, sigs: tuple, kwargs: dict) -> Any:
+    """``match`` for one signature, its checks unrolled into straight-line code (cheaper
+    than a loop over the args on every call). ``sigs``: the memo key's entries of the
+    positional args, (shape, dtype, device) for a tensor."""
+    names = [f"a{i}" for i in range(len(args))]
+    env: dict[str, Any] = {"state": state, "TT": TENSOR_TYPES, "S": process, "M": _MISSING}
+    lines = [
+        "def match(args, kwargs):",
+        f"    if len(args) != {len(args)} or len(kwargs) != {len(kwargs)} or state() != S:",
+        "        return False",
+    ]
+    if args:
+        lines.append(f"    {', '.join(names)}{',' if len(args) == 1 else ''} = args")
+    for i, (a, sig) in enumerate(zip(args, sigs[: len(args)], strict=True)):
+        n = names[i]
+        if a is None:
+            lines.append(f"    if {n} is not None: return False")
             continue
-        if type(a) not in TENSOR_TYPES or a.shape != sig[0] or a.dtype != sig[1]:
-            return False
-        if a.device != sig[2]:
-            return False
-    return True
+        env[f"s{i}"], env[f"d{i}"], env[f"v{i}"] = sig
+        lines.append(
+            f"    if type({n}) not in TT or {n}.dtype is not d{i} or {n}.shape != s{i}"
+            f" or {n}.device != v{i}: return False"
+        )
+    for j, (name, value) in enumerate(kwargs.items()):
+        env[f"n{j}"], env[f"t{j}"], env[f"k{j}"] = name, type(value), value
+        lines.append(f"    v = kwargs.get(n{j}, M)")
+        lines.append(f"    if type(v) is not t{j} or v != k{j}: return False")
+    lines.append("    return True")
+    exec("\n".join(lines), env)  # noqa: S102 - source built above from names only
+    return env["match"]
 
 
 _MISSING = object()
