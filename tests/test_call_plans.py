@@ -207,6 +207,29 @@ def test_fast_entry_misses_on_any_other_signature(monkeypatch, change):
         assert torch.equal(y, ref(*args, **kw2))
 
 
+def test_alternating_signatures_compile_each_fast_entry_once(monkeypatch):
+    """Prefill then decode, call after call: each signature's matcher is compiled once and
+    taken again when the signature comes back."""
+    made, served = _recording_plan(monkeypatch, "torch.strict_norm")
+    (long, w), (short, _) = _rms_inputs(7), _rms_inputs(1)
+    rms = dispatch.op("rms_norm", backend="torch")
+    compiled = []
+    matcher = call_cache._matcher
+    monkeypatch.setattr(call_cache, "_matcher", lambda *a: compiled.append(a) or matcher(*a))
+    with torch.no_grad():
+        for _ in range(3):
+            for x in (long, short, short):
+                rms(x, w, variant="plain", eps=1e-5)
+        assert len(compiled) == 2
+        built = _count_keys(monkeypatch)
+        n = len(served)
+        y = rms(short, w, variant="plain", eps=1e-5)
+    assert not built and len(served) == n + 1
+    call_cache.clear()
+    with torch.no_grad():
+        assert torch.equal(y, dispatch.op("rms_norm", backend="torch")(short, w, eps=1e-5))
+
+
 def test_fast_entry_not_taken_with_grad_or_in_simulate(monkeypatch):
     made, served = _recording_plan(monkeypatch, "torch.strict_norm")
     x, w = _rms_inputs(4)

@@ -222,7 +222,9 @@ class OpFunction:
             if out is not None:
                 record(route.provenance)
                 if not torch.is_grad_enabled() and (f is None or f.call is not hit):
-                    self._fast = call_cache.fast_entry(k, args, kwargs, hit)
+                    if hit.fast is UNTRIED:  # compiled once per signature, not per switch
+                        hit.fast = call_cache.fast_entry(k, args, kwargs, hit)
+                    self._fast = hit.fast
                 return out[0] if sh.lone else sh.build_result(out, hit.params, None)
         inputs, params, lead = hit.inputs(args, kwargs), hit.params, hit.lead
         if lead is not None:

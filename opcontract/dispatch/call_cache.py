@@ -40,6 +40,7 @@ class CachedCall:
     lead: tuple | None  # leading batch dims to flatten (None: already one row per item)
     route: Any  # shell.Route
     plan: Any = field(default=UNTRIED)
+    fast: Any = field(default=UNTRIED)  # its FastEntry (None: it has none), made once
     # derived from sources: the first n_args inputs come as the call's positional args, in
     # contract order; where the rest are absent, the plan takes (*args, *absent)
     n_args: int = field(init=False)
