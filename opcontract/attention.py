@@ -253,12 +253,14 @@ class PagedKVCache:
         return freed
 
     def attend(self, seq, positions, q, gate):
-        """The queries' gated attention over what the cache holds."""
-        dev, nb = self.device, True  # host tensors copied without a wait for the GPU's queue
-        return self._f(q, self.k, self.v, gate, positions.to(dev, non_blocking=nb),
-                       seq.to(dev, non_blocking=nb), self.table.to(dev, non_blocking=nb),
-                       self.lengths.to(dev, non_blocking=nb), layer=self.layer,
-                       window=self.window, scale=self.scale)  # fmt: skip
+        """The queries' gated attention over what the cache holds. With ``seq`` and
+        ``positions`` on the CPU the op gets every index input on the host (it checks their
+        values without waiting for the GPU, then copies them); else all on the cache's device."""
+        index = (positions, seq, self.table, self.lengths)
+        if seq.device.type != "cpu" or positions.device.type != "cpu":
+            index = tuple(t.to(self.device, non_blocking=True) for t in index)
+        return self._f(q, self.k, self.v, gate, *index, layer=self.layer, window=self.window,
+                       scale=self.scale)  # fmt: skip
 
     def step(self, seq, positions, q, k, v, gate, *, evict: bool = True):
         """Append, attend, then (local layers) evict: one prefill chunk or decode step."""

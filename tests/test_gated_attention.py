@@ -322,3 +322,59 @@ def test_tiles_cut_each_run_of_a_sequence_into_tiles():
         seq = torch.tensor(s, dtype=rng.choice([torch.int32, torch.int64]))
         per_tile = rng.choice([1, 2, 3, 8, 16])
         assert torch.equal(tiles(seq, per_tile), walk(s, per_tile)), (s, per_tile)
+
+
+def test_index_inputs_on_the_host_come_together():
+    """The index inputs may be CPU tensors while the call runs elsewhere (meta stands in for
+    a GPU here), all of them or none; any other placement names the argument."""
+    from opcontract.dispatch.validate import bind, signature
+
+    sig = signature("gated_attention")
+    q, k = torch.empty(3, 4, 8, device="meta"), torch.empty(256, 2, 8, device="meta")
+    index = dict(positions=torch.arange(3), seq=torch.zeros(3, dtype=torch.long),
+                 block_rows=torch.tensor([[0, 128]]), key_len=torch.tensor([200]))  # fmt: skip
+    kw = dict(layer="global")
+    bound = bind(sig, (q, k, k, q), {**index, **kw})
+    assert bound.device.type == "meta"
+    with pytest.raises(ContractViolation, match="'seq'.*is on meta, but 'positions' is on the CPU"):
+        bind(sig, (q, k, k, q), {**index, "seq": index["seq"].to("meta"), **kw})
+    with pytest.raises(ContractViolation, match="'positions'.*is on meta, but 'q' is on cpu"):
+        qc, kc = torch.empty(3, 4, 8), torch.empty(256, 2, 8)
+        bind(sig, (qc, kc, kc, qc), {**index, "positions": index["positions"].to("meta"), **kw})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend_name", ["torch", "triton"])
+def test_host_index_inputs_give_the_device_bits_without_a_sync(backend_name):
+    """Index inputs on the host: the same output and gradients as on the GPU, and the
+    forward (value checks, tile table included) never waits for the GPU."""
+    from opcontract.backends.torch.gated_attention import conformance_inputs
+    from opcontract.contracts import get_contract
+
+    c = get_contract("gated_attention")
+    case = next(iter(c.conformance.cases))
+    sizes = dict(T=40, Hq=8, Hkv=2, D=64, N=700, S=3, NB=3)
+    host, params = conformance_inputs(c, case, "bfloat16", sizes=sizes)
+    dev = {n: t.cuda() for n, t in host.items()}
+    floats = ("q", "k", "v", "gate")
+    f = dispatch.op("gated_attention", backend=backend_name)
+    runs = []
+    for index in (dev, host):
+        x = {n: (dev[n].clone().requires_grad_() if n in floats else index[n]) for n in dev}
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if index is host else 0)
+        try:
+            out = f(**x, **params)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        out.float().square().sum().backward()
+        runs.append((out, *(x[n].grad for n in floats)))
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    qk = dispatch.op("qk_norm_rope", backend=backend_name)
+    pos = host["positions"].clamp(min=0)
+    kw = dict(layer="local", rope_theta=500000.0, qk_scale=3.87, eps=1e-5)
+    kh = dev["gate"][:, :2].contiguous()
+    on_dev = qk(dev["q"], kh, pos.cuda(), **kw)
+    on_host = qk(dev["q"], kh, pos, **kw)
+    assert torch.equal(on_dev.q_out, on_host.q_out) and torch.equal(on_dev.k_out, on_host.k_out)

@@ -56,6 +56,8 @@ def render(c: Contract) -> str:
         if s.values:
             lo, hi = s.values.range
             vals = f"[{lo}, {hi})" + (f" or `{s.values.allow}`" if s.values.allow else "")
+        if s.host:
+            vals += "; may be on the CPU (host)"
         out.append(
             f"| `{n}` | [{', '.join(map(str, s.shape))}] | {_dtype(c, n)} | {vals} | {s.doc} |"
         )

@@ -56,6 +56,11 @@ class TensorSpec(_Strict):
     shape: list[str | int]
     dtype: list[DType] | SameAs
     values: ValueRange | None = None
+    host: bool = Field(
+        False,
+        description="an index input that may be a CPU tensor while the call runs on a GPU: its "
+        "values are then checked without waiting for the GPU, and the implementation copies it",
+    )
     optional: bool = Field(False, description="may be None")
     absent_when: dict[str, list[str]] | None = Field(
         None, description="param -> values for which this input must be None (else required)"
@@ -373,7 +378,7 @@ def _numerics_hash(c: Contract) -> str:
 
     data = {
         "op": c.op,
-        "inputs": {n: strip(s) for n, s in c.inputs.items()},
+        "inputs": {n: strip(s, ("doc", "host")) for n, s in c.inputs.items()},  # placement
         "params": {n: strip(p) for n, p in c.params.items()},
         "outputs": {n: strip(o, ("doc", "shape_when")) for n, o in c.outputs.items()},
         "math": c.math,

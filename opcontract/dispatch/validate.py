@@ -55,6 +55,7 @@ class InputRule:
     absent_when: tuple[tuple[str, tuple], ...]
     batched: bool  # its shape leads with the contract's batch_dims symbol
     values: tuple | None  # (low, high, allow param) of an index input
+    host: bool = False  # may be a CPU tensor while the call runs on a GPU
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def signature(op: str) -> Signature:
             absent_when=tuple((p, tuple(v)) for p, v in (s.absent_when or {}).items()),
             batched=c.batch_dims is not None and bool(s.shape) and s.shape[0] == c.batch_dims,
             values=None if s.values is None else (*s.values.range, s.values.allow),
+            host=s.host,
         )
         for n, s in c.inputs.items()
     )
@@ -276,6 +278,7 @@ def bind(sig: Signature, args: tuple, kwargs: dict) -> BoundCall:
     dtypes: dict[str, str] = {}
     device = None
     first = None
+    hosts: list[tuple[str, torch.device]] = []  # (name, device) of inputs declared host
     lead = None
     lead_from = None
     for rule in sig.inputs:
@@ -298,7 +301,9 @@ def bind(sig: Signature, args: tuple, kwargs: dict) -> BoundCall:
             raise ContractViolation(
                 op, name, f"inputs.{name}", f"must be a torch.Tensor, got {type(t).__name__}"
             )
-        if device is None:
+        if rule.host:
+            hosts.append((name, t.device))
+        elif device is None:
             device, first = t.device, name
         elif t.device != device:
             raise ContractViolation(
@@ -385,7 +390,33 @@ def bind(sig: Signature, args: tuple, kwargs: dict) -> BoundCall:
             break
     if lead is not None and len(lead) == 1:
         lead = None  # already one row per item: nothing to flatten
+    device = _host_inputs(op, hosts, device, first)
     return BoundCall(inputs, params, sizes, dtypes, dtype, device, lead)
+
+
+def _host_inputs(op: str, hosts: list, device, first: str | None):
+    """The call's device once its host-declared inputs are placed: each on the call's device,
+    or all of them on the CPU while the call runs on a GPU (read without a wait)."""
+    if not hosts:
+        return device
+    if device is None:
+        return hosts[0][1]
+    elsewhere = [(n, d) for n, d in hosts if d != device]
+    if not elsewhere:
+        return device
+    for n, d in elsewhere:
+        if d.type != "cpu" or device.type == "cpu":
+            raise ContractViolation(
+                op, n, "device", f"is on {d}, but '{first}' is on {device}"
+            )  # fmt: skip
+    if len(elsewhere) < len(hosts):
+        n = next(n for n, d in hosts if d == device)
+        raise ContractViolation(
+            op, n, "device",
+            f"is on {device}, but '{elsewhere[0][0]}' is on the CPU: index inputs are on the "
+            f"CPU all together, or all on '{first}''s device",
+        )  # fmt: skip
+    return device
 
 
 def check_values(sig: Signature, inputs: dict[str, Any], params: dict[str, Any], sizes) -> None:
@@ -406,8 +437,9 @@ def check_values(sig: Signature, inputs: dict[str, Any], params: dict[str, Any],
 
 def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> list[list[int]]:
     """Every ranged input's min and max, and the value checks' ``flags`` (1-D int64 tensors),
-    in one read-back (one host sync per call); the offending values are looked for only when
-    one is out. Returns each flags tensor's values, once every range holds."""
+    in one read-back (one host sync per call; none where they are all on the CPU); the
+    offending values are looked for only when one is out. Returns each flags tensor's
+    values, once every range holds."""
     ranged = []
     for rule in sig.inputs:
         if rule.values is None:
@@ -431,7 +463,7 @@ def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> li
     ]
     n_stats = 2 * len(parts)  # a (min, max) pair per range read
     parts += list(flags)
-    values = torch.cat(parts).tolist() if parts else []
+    values = _read(parts)
     stats = iter(values[i : i + 2] for i in range(0, n_stats, 2))
     for rule, t, lo, hi, allow, allow_param in ranged:
         if lo < hi:
@@ -460,3 +492,19 @@ def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> li
         out.append(values[at : at + f.numel()])
         at += f.numel()
     return out
+
+
+def _read(parts: list[torch.Tensor]) -> list[int]:
+    """The 1-D tensors' values, concatenated in order: one read-back per device they are on
+    (a CPU tensor's read costs no wait for a GPU)."""
+    where: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(parts):
+        where.setdefault(p.device, []).append(i)
+    out: list[list[int]] = [[] for _ in parts]
+    for idx in where.values():
+        flat = torch.cat([parts[i] for i in idx]).tolist()
+        at = 0
+        for i in idx:
+            out[i] = flat[at : at + parts[i].numel()]
+            at += parts[i].numel()
+    return [v for vals in out for v in vals]

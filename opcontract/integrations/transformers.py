@@ -112,6 +112,9 @@ class OpcontractKVCache(Cache):
         self.paged: list[_attention.PagedKVCache | None] = [None] * len(self.kinds)
         self.columns = [0] * len(self.kinds)
         self._tokens: tuple | None = None  # the last step's real tokens (see _real_tokens)
+        # the padding mask of the forward now running, read to the host once by the patched
+        # model's forward (set around its layers: a bare model call reads it per step)
+        self._host_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -158,21 +161,31 @@ class OpcontractKVCache(Cache):
         self.paged = [None] * len(self.kinds)
         self.columns = [0] * len(self.kinds)
         self._tokens = None
+        self._host_mask = None
 
     def _real_tokens(self, mask: torch.Tensor, seen: int, device: torch.device) -> tuple:
         """(rows, positions) on the host and (rows, columns) on ``device`` of this step's real
-        tokens: computed once per step and mask, not once per layer (each costs the host a
-        wait for the GPU), reused while the same mask object comes with the same columns."""
+        tokens, and the host [B, Lq] positions of every column (-1 at padding): computed once
+        per step, not once per layer, from the host copy of the forward's mask where the
+        patched model's forward made one (else one read-back of ``mask``)."""
+        host = self._host_mask
+        src = host if host is not None and host.shape == mask.shape else mask
         hit = self._tokens
-        if hit is not None and hit[0] is mask and hit[1] == seen and hit[2] == device:
+        if hit is not None and hit[0] is src and hit[1] == seen and hit[2] == device:
             return hit[3]
-        pos = positions_from_mask(mask.cpu())[:, seen:]  # one read-back; the rest on the host
-        rows, cols = (pos >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
+        grid = positions_from_mask(src.cpu())[:, seen:]  # the host copy as it is
+        rows, cols = (grid >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
         nb = True  # host tensors copied without a wait for the GPU's queue
-        found = (rows, pos[rows, cols], rows.to(device, non_blocking=nb),
-                 cols.to(device, non_blocking=nb))  # fmt: skip
-        self._tokens = (mask, seen, device, found)
+        found = (rows, grid[rows, cols], rows.to(device, non_blocking=nb),
+                 cols.to(device, non_blocking=nb), grid)  # fmt: skip
+        self._tokens = (src, seen, device, found)
         return found
+
+    def query_positions(self, layer_idx: int, mask: torch.Tensor, device: torch.device):
+        """[B * Lq] int64 on the host: the logical position of each of this call's columns of
+        ``mask`` [B, columns + Lq] (padding's clamped to 0: its rows are never read)."""
+        grid = self._real_tokens(mask, self.columns[layer_idx], device)[4]
+        return grid.clamp(min=0).reshape(-1)
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         raise NotImplementedError("OpcontractKVCache: beam search is not supported")
@@ -206,10 +219,14 @@ class OpcontractKVCache(Cache):
             raise ValueError(
                 f"OpcontractKVCache holds {paged.sequences} sequences, got a batch of {B}"
             )
-        rows, positions, r, c = self._real_tokens(mask, seen, q.device)
-        out = q.new_zeros(q.shape)
-        if rows.numel():
-            out[r, c] = paged.step(rows, positions, q[r, c], k[r, c], v[r, c], gate[r, c])
+        rows, positions, r, c, _ = self._real_tokens(mask, seen, q.device)
+        if rows.numel() == B * Lq:  # every column real (a decode step): rows in order, views
+            flat = (t.reshape(B * Lq, *t.shape[2:]) for t in (q, k, v, gate))
+            out = paged.step(rows, positions, *flat).view(q.shape)
+        else:
+            out = q.new_zeros(q.shape)
+            if rows.numel():
+                out[r, c] = paged.step(rows, positions, q[r, c], k[r, c], v[r, c], gate[r, c])
         self.columns[layer_idx] = seen + Lq
         return out
 
@@ -380,8 +397,11 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
             seen = past_key_values.get_seq_length(self.layer_idx) if past_key_values else 0
             mask = torch.ones(B, seen + L, dtype=torch.bool, device=q.device)
         cp = getattr(self, "_opcontract_cp", None)  # opcontract.parallel.context's chunk
-        rows = slice(-L, None) if cp is None else cp.rows(mask.shape[1], L)
-        pos = positions_from_mask(mask)[:, rows].clamp(min=0)  # padding's rows are never read
+        if cp is None and isinstance(past_key_values, OpcontractKVCache):
+            pos = past_key_values.query_positions(self.layer_idx, mask, q.device)  # host
+        else:
+            rows = slice(-L, None) if cp is None else cp.rows(mask.shape[1], L)
+            pos = positions_from_mask(mask)[:, rows].clamp(min=0)  # padding's never read
         qk = qk_op(q.reshape(B * L, -1, D), k.reshape(B * L, -1, D), pos.reshape(-1),
                    layer=kind, rope_theta=rope_theta, qk_scale=self.qk_scale_factor,
                    eps=self.qk_norm.eps)  # fmt: skip
@@ -534,6 +554,15 @@ def _check_position_ids(
         )
 
 
+def _to_host(mask: torch.Tensor, position_ids: torch.Tensor | None) -> tuple:
+    """The padding mask and the position ids (if given) on the host, in one read-back."""
+    if position_ids is None:
+        return mask.cpu(), None
+    both = torch.cat([mask.reshape(-1).long(), position_ids.reshape(-1).long()]).cpu()
+    n = mask.numel()
+    return both[:n].view(mask.shape).to(mask.dtype), both[n:].view(position_ids.shape)
+
+
 def _check_generation_mask(mask: torch.Tensor | None) -> None:
     """With a KV cache every row must be left-padded: padding, then one run of real tokens up
     to the last column. Right padding (or a hole) would have the next token predicted from a
@@ -567,7 +596,11 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
     ) -> OpcontractCausalLMOutput:
         ref = input_ids if input_ids is not None else inputs_embeds
         seen = past_key_values.get_seq_length() if past_key_values is not None else 0
-        _check_position_ids(position_ids, attention_mask, ref.shape[1], seen)
+        host_mask = None
+        if isinstance(past_key_values, OpcontractKVCache) and attention_mask is not None:
+            host_mask, position_ids = _to_host(attention_mask, position_ids)  # one read-back
+        mask = attention_mask if host_mask is None else host_mask
+        _check_position_ids(position_ids, mask, ref.shape[1], seen)
         if labels is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
             raise ValueError(
                 f"logits_to_keep={logits_to_keep!r} with labels: the labels loss covers every "
@@ -581,15 +614,20 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
                 f"{type(past_key_values).__name__}"
             )
         if past_key_values is not None:
-            _check_generation_mask(attention_mask)
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=past_key_values is not None,
-            **kwargs,
-        )
+            _check_generation_mask(attention_mask if host_mask is None else host_mask)
+            past_key_values._host_mask = host_mask  # the layers' real tokens, without a wait
+        try:
+            outputs = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                inputs_embeds=inputs_embeds,
+                use_cache=past_key_values is not None,
+                **kwargs,
+            )
+        finally:
+            if past_key_values is not None:
+                past_key_values._host_mask = None
         hidden = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits, lse = _head(self, hidden[:, keep, :], backend)

@@ -15,6 +15,7 @@ import math
 import torch
 
 from opcontract.backends.fixed_order import tree_sum
+from opcontract.backends.placement import on_device
 from opcontract.backends.torch import elementwise as ew
 from opcontract.contracts import get_contract
 
@@ -212,6 +213,9 @@ def strict_attention(q, k, v, positions, seq, block_rows, key_len, layer, window
 
 def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):
     """(out, lse, attn)."""
+    positions, seq, block_rows, key_len = (
+        on_device(t, q.device) for t in (positions, seq, block_rows, key_len)
+    )
     attn, lse = strict_attention(q, k, v, positions, seq, block_rows, key_len, layer, window, scale)
     out = (attn * ew.sigmoid(gate.float())).to(q.dtype)
     return out, lse, attn
@@ -220,8 +224,8 @@ def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer
 def backward(config, saved, grads, needs, *, layer, window, scale):
     q, k, v, gate = saved["q"], saved["k"], saved["v"], saved["gate"]
     positions, seq, block_rows, key_len = (
-        saved["positions"], saved["seq"], saved["block_rows"], saved["key_len"]
-    )  # fmt: skip
+        on_device(saved[n], q.device) for n in ("positions", "seq", "block_rows", "key_len")
+    )
     lse, attn = saved["lse"], saved["attn"]
     T, Hq, D = q.shape
     N, Hkv, _ = k.shape

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from opcontract.backends.fixed_order import tree_sum
+from opcontract.backends.placement import on_device
 from opcontract.backends.qk_norm_rope import cos_sin, inv_freq
 
 
@@ -55,7 +56,7 @@ def _trig(positions, layer, rope_theta, dim):
 
 def forward(config, q, k, positions, *, layer, rope_theta, qk_scale, eps):
     """(q_out, k_out, rstd_q, rstd_k)."""
-    trig = _trig(positions, layer, rope_theta, q.shape[-1])
+    trig = _trig(on_device(positions, q.device), layer, rope_theta, q.shape[-1])
     outs, rstds = [], []
     for x, scale in ((q, qk_scale), (k, None)):
         x32, rstd = _norm(x, eps)
@@ -70,7 +71,8 @@ def forward(config, q, k, positions, *, layer, rope_theta, qk_scale, eps):
 
 
 def backward(config, saved, grads, needs, *, layer, rope_theta, qk_scale, eps):
-    trig = _trig(saved["positions"], layer, rope_theta, saved["q"].shape[-1])
+    q = saved["q"]
+    trig = _trig(on_device(saved["positions"], q.device), layer, rope_theta, q.shape[-1])
     out = {}
     for name, scale in (("q", qk_scale), ("k", None)):
         x, rstd, g = saved[name], saved[f"rstd_{name}"], grads[f"{name}_out"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from opcontract.backends.placement import on_device
 from opcontract.backends.torch import gated_attention as ref
 from opcontract.backends.triton import interpreting
 from opcontract.backends.triton.launch import launch
@@ -142,7 +143,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
                 BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
                 num_stages=int(cfg["num_stages"]))  # fmt: skip
-    plan = ForwardPlan(table, bool(split and n_chunks > 1), n_chunks, meta,
+    plan = ForwardPlan(on_device(table, q.device), bool(split and n_chunks > 1), n_chunks, meta,
                        ref.score_factor(D, scale), int(window or 0))  # fmt: skip
     programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
     ones = torch.ones(programs, dtype=torch.int32, device=q.device)
@@ -200,8 +201,11 @@ def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer
     lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse, attn
+    # the tile table from seq where it lives (a host seq: no wait), the kernels' inputs after
     plan = plan_forward(config, q, k, positions, seq, block_rows, layer=layer, window=window,
                         scale=scale)  # fmt: skip
+    positions, block_rows, key_len = (on_device(t, q.device) for t in (positions, block_rows,
+                                                                        key_len))  # fmt: skip
     run_forward(plan, q, k, v, gate, positions, block_rows, key_len, out, attn, lse)
     return out, lse, attn
 
@@ -247,15 +251,17 @@ def backward(config, saved, grads, needs, *, layer, window, scale):
            delta, T * Hq, D, INTERPRET=interp, ROWS=rows, BLOCK_D=_pow2(D))  # fmt: skip
     common = dict(LOCAL=layer == "local", INTERPRET=interp, IEEE=ieee, BLOCK=BLOCK,
                   BLOCK_D=_pow2(D))  # fmt: skip
+    dev = q.device  # the tile table and query slots from the index inputs where they live
+    dpos, block_rows, key_len = (on_device(t, dev) for t in (positions, block_rows, key_len))
     if needs["q"]:
         block_m = max(64, _pow2(G))
-        table = tiles(seq, max(1, block_m // G))
+        table = on_device(tiles(seq, max(1, block_m // G)), dev)
         launch(kk._attn_bwd_dq_kernel, (table.shape[0], Hkv), q, k, v, da, delta, lse,
-               positions, block_rows, key_len, table, dq, T, N, Hq, Hkv, G, D, NB,
+               dpos, block_rows, key_len, table, dq, T, N, Hq, Hkv, G, D, NB,
                int(window or 0), c, sc, BLOCK_M=block_m, num_warps=8, num_stages=1,
                **common)  # fmt: skip
     if needs["k"] or needs["v"]:
-        qrow = query_slots(positions, seq, S, NB)
+        qrow = on_device(query_slots(positions, seq, S, NB), dev)
         launch(kk._attn_bwd_dkv_kernel, (S * NB, Hkv), q, k, v, da, delta, lse, block_rows,
                key_len, qrow, dk, dv, N, Hq, Hkv, G, D, NB, int(window or 0), c, sc,
                num_warps=8, num_stages=1, **common)  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from opcontract.backends.placement import on_device
 from opcontract.backends.qk_norm_rope import inv_freq
 from opcontract.backends.triton.launch import launch
 
@@ -30,6 +31,7 @@ def forward(config, q, k, positions, *, layer, rope_theta, qk_scale, eps):
     rq = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
     rk = torch.empty((T, Hkv), dtype=torch.float32, device=q.device)
     if T and Hq + Hkv:
+        positions = on_device(positions, q.device)
         launch(kk._qk_fwd_kernel, (T, Hq + Hkv), q, k, qo, ko, rq, rk, positions,
                _freq(layer, rope_theta, D, q.device), Hq, Hkv, float(qk_scale), float(eps),
                **_meta(D, layer))  # fmt: skip
@@ -47,7 +49,7 @@ def backward(config, saved, grads, needs, *, layer, rope_theta, qk_scale, eps):
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     if T and Hq + Hkv:
         launch(kk._qk_bwd_kernel, (T, Hq + Hkv), q, k, gq.contiguous(), gk.contiguous(),
-               saved["rstd_q"], saved["rstd_k"], dq, dk, saved["positions"],
+               saved["rstd_q"], saved["rstd_k"], dq, dk, on_device(saved["positions"], q.device),
                _freq(layer, rope_theta, D, q.device), Hq, Hkv, float(qk_scale),
                **_meta(D, layer))  # fmt: skip
     return {"q": dq if needs["q"] else None, "k": dk if needs["k"] else None}
