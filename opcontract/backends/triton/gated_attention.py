@@ -24,10 +24,12 @@ def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << max(n - 1, 0).bit_length())
 
 
-def tiles(seq: torch.Tensor, per_tile: int) -> torch.Tensor:
+def tiles(seq: torch.Tensor, per_tile: int, compact: bool = True) -> torch.Tensor:
     """[n, 3] int32 (first row, tokens, sequence): each run of consecutive rows of one
-    sequence cut into tiles of ``per_tile`` tokens. Computed where ``seq`` lives, with one
-    read back (how many tiles) instead of a Python pass over every row."""
+    sequence cut into tiles of ``per_tile`` tokens, computed where ``seq`` lives. ``compact``:
+    exactly the tiles, with one read-back (how many) where ``seq`` is on a GPU; else T
+    entries without a read-back (capturable), the tiles then rows of 0 tokens, whose
+    programs do nothing."""
     T = seq.shape[0]
     if T == 0:
         return torch.zeros((1, 3), dtype=torch.int32, device=seq.device)
@@ -35,9 +37,33 @@ def tiles(seq: torch.Tensor, per_tile: int) -> torch.Tensor:
     new_run = torch.ones(T, dtype=torch.bool, device=seq.device)
     new_run[1:] = seq[1:] != seq[:-1]
     run_start = torch.cummax(torch.where(new_run, i, 0), dim=0).values
-    first = ((i - run_start) % per_tile == 0).nonzero()[:, 0]
-    ends = torch.cat([first[1:], torch.full_like(first[:1], T)])  # no host-to-device copy
-    return torch.stack([first, ends - first, seq[first].long()], dim=1).to(torch.int32)
+    starts_tile = (i - run_start) % per_tile == 0
+    if compact:
+        first = starts_tile.nonzero()[:, 0]
+        ends = torch.cat([first[1:], torch.full_like(first[:1], T)])  # no host-to-device copy
+    else:  # tile k's first row at slot k; the other rows scatter to slot T, reset after
+        slot = torch.where(starts_tile, torch.cumsum(starts_tile, 0) - 1, T)
+        bounds = torch.full((T + 1,), T, dtype=torch.int64, device=seq.device)
+        bounds.scatter_(0, slot, i)
+        bounds[T] = T
+        first, ends = bounds[:T], bounds[1:]
+    return torch.stack([first, ends - first, seq[first.clamp(max=T - 1)].long()],
+                       dim=1).to(torch.int32)  # fmt: skip
+
+
+# Below this many query rows a call with its index inputs on a GPU takes the tile table
+# without a read-back (a decode batch: one tile per token anyway) and sizes the split by the
+# key table's width.
+_NO_READBACK_ROWS = 256
+
+
+def no_readback(seq: torch.Tensor) -> bool:
+    """Whether the plan is made from shapes alone, nothing read back from the GPU: ``seq`` on
+    a GPU and the call small, or being captured into a CUDA graph. Changes no bit (padding
+    tiles and chunks past a tile's last do nothing)."""
+    if not seq.is_cuda:
+        return False
+    return seq.shape[0] <= _NO_READBACK_ROWS or torch.cuda.is_current_stream_capturing()
 
 
 CONFIG_SPACE = {
@@ -130,7 +156,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     G = Hq // Hkv
     NB = block_rows.shape[1]
     block_m = max(int(cfg["block_m"]), _pow2(G))
-    table = tiles(seq, max(1, block_m // G))
+    bounded = no_readback(seq)
+    table = tiles(seq, max(1, block_m // G), compact=not bounded)
     local = layer == "local"
     split = int(cfg["split"])
     if split < 0:
@@ -139,7 +166,12 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
                 table.shape[0] * Hkv, -(-NB // CHUNK_BLOCKS), int(cfg["num_warps"]), q.device
             )
         )
-    n_chunks = chunks_per_tile(table, positions, int(window or 0), local) if split else 0
+    if not split:
+        n_chunks = 0
+    elif bounded:  # the most chunks a tile can span; a program past its tile's last exits
+        n_chunks = -(-NB // CHUNK_BLOCKS)
+    else:
+        n_chunks = chunks_per_tile(table, positions, int(window or 0), local)
     meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
                 BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
                 num_stages=int(cfg["num_stages"]))  # fmt: skip
