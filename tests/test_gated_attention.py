@@ -390,3 +390,36 @@ def test_host_index_inputs_give_the_device_bits_without_a_sync(backend_name):
     on_dev = qk(dev["q"], kh, pos.cuda(), **kw)
     on_host = qk(dev["q"], kh, pos, **kw)
     assert torch.equal(on_dev.q_out, on_host.q_out) and torch.equal(on_dev.k_out, on_host.k_out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [0, 1])
+def test_decode_step_captured_in_a_cuda_graph_gives_the_eager_bits(split):
+    """A decode step with its index inputs on the GPU is capturable (its plan reads nothing
+    back): replayed on new queries and keys it gives the eager call's bits."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    B, L = 4, 1500
+    k, v = (torch.randn(B * L, 2, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    nb = -(-L // 128)
+    block_rows = (torch.arange(B, device="cuda")[:, None] * L
+                  + 128 * torch.arange(nb, device="cuda")[None, :])  # fmt: skip
+    key_len = torch.tensor([L, L - 7, 900, 1], device="cuda")
+    positions, seq = key_len - 1, torch.arange(B, device="cuda")
+    f = dispatch.op("gated_attention", backend="triton", config={"split": split})
+
+    def inputs():
+        return (torch.randn(B, 32, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+
+    q, gate = inputs()
+    kw = dict(layer="local", window=2048)
+    f(q, k, v, gate, positions, seq, block_rows, key_len, **kw)  # compile, warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(q, k, v, gate, positions, seq, block_rows, key_len, **kw)
+    for _ in range(3):
+        q2, gate2 = inputs()
+        q.copy_(q2)
+        gate.copy_(gate2)
+        graph.replay()
+        assert torch.equal(out, f(q2, k, v, gate2, positions, seq, block_rows, key_len, **kw))
