@@ -41,12 +41,14 @@ def tiles(seq: torch.Tensor, per_tile: int, compact: bool = True) -> torch.Tenso
     if compact:
         first = starts_tile.nonzero()[:, 0]
         ends = torch.cat([first[1:], torch.full_like(first[:1], T)])  # no host-to-device copy
-    else:  # tile k's first row at slot k; the other rows scatter to slot T, reset after
+    else:  # tile k's first row at slot k; the other rows scatter to slot T, never read
         slot = torch.where(starts_tile, torch.cumsum(starts_tile, 0) - 1, T)
         bounds = torch.full((T + 1,), T, dtype=torch.int64, device=seq.device)
         bounds.scatter_(0, slot, i)
-        bounds[T] = T
-        first, ends = bounds[:T], bounds[1:]
+        first = bounds[:T]  # unused slots keep T: tiles of 0 tokens
+        # filled on the device: writing a Python int into a GPU tensor copies from the host,
+        # which a CUDA graph capture refuses
+        ends = torch.cat([bounds[1:T], torch.full_like(bounds[:1], T)])
     return torch.stack([first, ends - first, seq[first.clamp(max=T - 1)].long()],
                        dim=1).to(torch.int32)  # fmt: skip
 
