@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from opcontract import dispatch
+from opcontract.backends.placement import on_device
 from opcontract.contracts import get_contract
 from opcontract.errors import ContractViolation
 
@@ -258,7 +259,7 @@ class PagedKVCache:
         values without waiting for the GPU, then copies them); else all on the cache's device."""
         index = (positions, seq, self.table, self.lengths)
         if seq.device.type != "cpu" or positions.device.type != "cpu":
-            index = tuple(t.to(self.device, non_blocking=True) for t in index)
+            index = tuple(on_device(t, self.device) for t in index)
         return self._f(q, self.k, self.v, gate, *index, layer=self.layer, window=self.window,
                        scale=self.scale)  # fmt: skip
 

@@ -614,7 +614,7 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
                 f"{type(past_key_values).__name__}"
             )
         if past_key_values is not None:
-            _check_generation_mask(attention_mask if host_mask is None else host_mask)
+            _check_generation_mask(mask)
             past_key_values._host_mask = host_mask  # the layers' real tokens, without a wait
         try:
             outputs = self.model(
