@@ -61,6 +61,24 @@ def test_parallel_partials_bitwise_on_muse_shapes(N, K):
             assert torch.equal(seq, par), (M, cfg)
 
 
+@pytest.mark.parametrize("N,K", [(4096, 6656), (256, 6656), (19968, 6656), (6656, 4096)])
+def test_decode_defaults_give_the_training_rows(N, K):
+    """Untuned shapes (Muse Glimmer's separate q, k/v, MLP gate/up and o projections): a
+    decode call of M <= 64 takes the small-M tiles (parallel partials where few tiles), a
+    training call the large ones; each row's bits are the same."""
+    from opcontract.backends.triton import dense_gemm as tdg
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = (torch.randn(N, K, device="cuda", generator=g) * K**-0.5).bfloat16()
+    x = torch.randn(4096, K, device="cuda", generator=g).bfloat16()
+    f = dispatch.op("dense_gemm", backend="triton")
+    full = f(x, w)
+    for M in (1, 5, 16, 17, 64):
+        cfg = tdg.default_config(M, N)
+        assert cfg["block_m"] == (16 if M <= 16 else 64)
+        assert torch.equal(f(x[-M:], w), full[-M:]), M
+
+
 def test_parallel_partials_counters_and_graph_replay():
     """Eager parallel partials (summed by each tile's last program) leave every arrival
     counter at zero and keep their bits across many launches back to back and on a second

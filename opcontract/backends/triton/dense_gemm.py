@@ -41,8 +41,26 @@ ADD_UNROLL = 8  # planes whose loads are issued together (the adds stay in plane
 _ARRIVALS: dict[tuple[int, int], torch.Tensor] = {}
 
 
-def default_config() -> dict:
-    return dict(CONFIG, **(INTERPRETER_CONFIG if interpreting() else {}))
+# Decode-sized calls (M <= 64 rows) stream the weight: narrow M tiles, and the K partials
+# in parallel where the tiles alone would leave most SMs idle. Taken from the H200 table's
+# tuned decode entries (M = 1 / 16 / 64 of the Muse Glimmer projections); untuned, a call of
+# M = 1 ran the 128 x 128 tiles on N / 128 programs: q_proj 95 us against F.linear's 18
+# (benchmarks/results/host_time_matcher_h200.json). No choice here changes a bit.
+SMALL_M_CONFIG = {
+    16: {"block_m": 16, "block_n": 128, "group_m": 1, "num_warps": 4, "num_stages": 3},
+    64: {"block_m": 64, "block_n": 32, "group_m": 1, "num_warps": 4, "num_stages": 4},
+}
+ONE_WAVE_TILES = 128  # below this many tiles, a small-M call computes its partials in parallel
+
+
+def default_config(M: int | None = None, N: int | None = None) -> dict:
+    """The canonical config; for a call of M <= 64 rows (decode), SMALL_M_CONFIG's tiles."""
+    cfg = dict(CONFIG)
+    if M is not None and N is not None and 0 < M <= 64 and not interpreting():
+        cfg.update(SMALL_M_CONFIG[16 if M <= 16 else 64])
+        tiles = -(-M // cfg["block_m"]) * -(-N // cfg["block_n"])
+        cfg["parallel_partials"] = tiles < ONE_WAVE_TILES
+    return dict(cfg, **(INTERPRETER_CONFIG if interpreting() else {}))
 
 
 def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
@@ -87,7 +105,7 @@ def _decide(a, c, M, N, K, config):
     """(config, parallel partials, fused sum, tiles, K chunks) of a call."""
     cfg = config
     if cfg is None or not cfg.keys() >= CONFIG.keys():  # a complete config is taken as given
-        cfg = {**default_config(), **(cfg or {})}
+        cfg = {**default_config(M, N), **(cfg or {})}
     chunks = -(-K // K_BLOCK)
     parallel = cfg["parallel_partials"] and chunks > 1 and chunks * M * N * 4 <= PARTIALS_BYTES
     tiles = -(-M // cfg["block_m"]) * -(-N // cfg["block_n"])

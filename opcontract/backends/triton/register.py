@@ -168,6 +168,11 @@ register(
     **_TRITON,
 )
 
+def _m_n(call) -> tuple[int | None, int | None]:
+    sizes = getattr(call, "sizes", None) or {}
+    return sizes.get("M"), sizes.get("N")
+
+
 register(
     op="dense_gemm",
     name="triton.gemm",
@@ -176,7 +181,7 @@ register(
     backward=dg.gemm_backward,
     layout={"*": "rows", "bias": "contiguous", "y": "contiguous"},
     config_space=dg.CONFIG_SPACE,
-    default_config=lambda call: dg.default_config(),
+    default_config=lambda call: dg.default_config(*_m_n(call)),
     **strict_declaration(),
     summary=(
         "tiled GEMM, K in 256-element promoted partials added in ascending order (by the "

@@ -1,0 +1,115 @@
+"""GPU time per eager decode step of Muse Glimmer in HF transformers, by kernel, stock and
+patched, beside the step's wall time.
+
+    python benchmarks/decode_kernels.py --out results.json [--layers 4] [--batch 1,16]
+
+``torch.profiler`` records ``generate`` with 1 and with ``1 + steps`` new tokens; each
+kernel's summed device time of the first is taken from the second's and divided by
+``steps`` (prefill and the first token cancel). The wall time per step comes the same way
+from unprofiled runs (median of 3). A step whose GPU time is well under its wall time is
+bound by the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from hf_train_rollout_gpu import make_model, prompts  # noqa: E402
+
+
+def kernel_us(fn) -> collections.Counter:
+    """Device microseconds per kernel name over one call of ``fn``."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out: collections.Counter = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name[:90]] += e.device_time_total
+    return out
+
+
+def wall_s(fn) -> float:
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", default="1,16")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    from opcontract.integrations.transformers import apply_opcontract
+
+    model = make_model(args.layers).eval()
+    vocab = model.config.text_config.vocab_size
+    rows = []
+    for provider in ("stock (sdpa)", "opcontract"):
+        if provider == "opcontract":
+            apply_opcontract(model)
+        for B in (int(b) for b in args.batch.split(",")):
+            ids, mask = prompts([args.prompt] * B, vocab)
+
+            def gen(n, ids=ids, mask=mask):
+                with torch.no_grad():
+                    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
+                                   min_new_tokens=n, do_sample=False)  # fmt: skip
+
+            gen(2)  # compile and warm up
+            one, more = kernel_us(lambda: gen(1)), kernel_us(lambda: gen(1 + args.steps))
+            per = {k: (more[k] - one.get(k, 0)) / args.steps for k in more}
+            per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
+            step_s = (wall_s(lambda: gen(1 + args.steps)) - wall_s(lambda: gen(1))) / args.steps
+            gpu_ms = sum(per.values()) / 1e3
+            top = {k: round(v, 2) for k, v in list(per.items())[: args.top]}
+            row = {
+                "provider": provider,
+                "batch": B,
+                "prompt": args.prompt,
+                "layers": args.layers,
+                "wall_ms_per_step": step_s * 1e3,
+                "gpu_kernel_ms_per_step": gpu_ms,
+                "tokens_per_s": B / step_s,
+                "top_kernels_us_per_step": top,
+            }
+            rows.append(row)
+            print(f"{provider:14s} B={B:3d} wall {row['wall_ms_per_step']:.2f} ms/step, "
+                  f"GPU kernels {gpu_ms:.2f} ms/step", flush=True)  # fmt: skip
+            for k, v in list(per.items())[:8]:
+                print(f"    {v:9.1f} us  {k}", flush=True)
+    out = {
+        "benchmark": "decode_kernels",
+        "command": " ".join(["python", *sys.argv]),
+        "env": common.env_stamp(),
+        "note": args.note,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
