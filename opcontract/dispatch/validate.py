@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from opcontract.contracts import get_contract
@@ -456,15 +457,21 @@ def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> li
             if not info.min <= allow <= info.max:
                 allow = None  # no element of this dtype can equal it
         ranged.append((rule, t, lo, hi, allow, allow_param))
+    # (min, max) of each range: computed on the host where the tensor is (numpy: no torch
+    # op), else read back with the flags in one copy
+    host_stats = [_host_min_max(t, lo, allow) for _, t, lo, hi, allow, _ in ranged if lo < hi]
     parts = [
         torch.stack(torch.aminmax(t if allow is None else torch.where(t == allow, lo, t))).long()
-        for _, t, lo, hi, allow, _ in ranged
-        if lo < hi
+        for (_, t, lo, hi, allow, _), known in zip(
+            (r for r in ranged if r[2] < r[3]), host_stats, strict=True
+        )
+        if known is None
     ]
     n_stats = 2 * len(parts)  # a (min, max) pair per range read
     parts += list(flags)
-    values = _read(parts)
-    stats = iter(values[i : i + 2] for i in range(0, n_stats, 2))
+    values = _read(parts) if parts else []
+    read_stats = iter(values[i : i + 2] for i in range(0, n_stats, 2))
+    stats = iter(known if known is not None else next(read_stats) for known in host_stats)
     for rule, t, lo, hi, allow, allow_param in ranged:
         if lo < hi:
             t_min, t_max = next(stats)
@@ -492,6 +499,19 @@ def _check_ranges(sig: Signature, inputs, params, sizes, flags: list = ()) -> li
         out.append(values[at : at + f.numel()])
         at += f.numel()
     return out
+
+
+def _host_min_max(t: torch.Tensor, lo: int, allow: int | None) -> list[int] | None:
+    """[min, max] of a CPU integer tensor (``allow`` counted as ``lo``), through numpy; None
+    for a tensor elsewhere (read back with the rest)."""
+    if t.device.type != "cpu" or t.dtype in (torch.bool, torch.uint16, torch.uint32) or (
+        t.requires_grad
+    ):
+        return None
+    a = t.numpy()
+    if allow is not None:
+        a = np.where(a == allow, lo, a)
+    return [int(a.min()), int(a.max())]
 
 
 def _read(parts: list[torch.Tensor]) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from opcontract.backends.placement import on_device
@@ -33,6 +34,8 @@ def tiles(seq: torch.Tensor, per_tile: int, compact: bool = True) -> torch.Tenso
     T = seq.shape[0]
     if T == 0:
         return torch.zeros((1, 3), dtype=torch.int32, device=seq.device)
+    if compact and seq.device.type == "cpu":
+        return _tiles_on_host(seq.numpy(), per_tile)
     i = torch.arange(T, device=seq.device)
     new_run = torch.ones(T, dtype=torch.bool, device=seq.device)
     new_run[1:] = seq[1:] != seq[:-1]
@@ -51,6 +54,18 @@ def tiles(seq: torch.Tensor, per_tile: int, compact: bool = True) -> torch.Tenso
         ends = torch.cat([bounds[1:T], torch.full_like(bounds[:1], T)])
     return torch.stack([first, ends - first, seq[first.clamp(max=T - 1)].long()],
                        dim=1).to(torch.int32)  # fmt: skip
+
+
+def _tiles_on_host(seq: np.ndarray, per_tile: int) -> torch.Tensor:
+    """``tiles`` of a host ``seq`` (compact), in numpy: a decode step's table in microseconds."""
+    T = seq.shape[0]
+    i = np.arange(T)
+    new_run = np.ones(T, dtype=bool)
+    new_run[1:] = seq[1:] != seq[:-1]
+    run_start = np.maximum.accumulate(np.where(new_run, i, 0))
+    first = np.flatnonzero((i - run_start) % per_tile == 0)
+    ends = np.append(first[1:], T)
+    return torch.from_numpy(np.stack([first, ends - first, seq[first]], axis=1).astype(np.int32))
 
 
 # Below this many query rows a call with its index inputs on a GPU takes the tile table
@@ -121,6 +136,9 @@ def _split_pays(n_programs: int, n_chunks: int, num_warps: int, device) -> bool:
 def chunks_per_tile(table: torch.Tensor, positions: torch.Tensor, window: int, local: bool) -> int:
     """The most key chunks any tile's rows span (the split grid's second axis), by the
     kernels' own rule: chunks b_lo // CHUNK_BLOCKS .. b_hi // CHUNK_BLOCKS of the tile."""
+    on_host = positions.device.type == "cpu" and table.device.type == "cpu"
+    if on_host and positions.shape[0] > 32:  # fewer rows: the plain loop is quicker
+        return _chunks_on_host(table.numpy(), positions.numpy(), window, local)
     pos = positions.tolist()
     most = 0
     for row0, n, _ in table.tolist():
@@ -130,6 +148,22 @@ def chunks_per_tile(table: torch.Tensor, positions: torch.Tensor, window: int, l
         lo = max(min(p) - window + 1, 0) if local else 0
         most = max(most, max(p) // ref.CHUNK - lo // ref.CHUNK + 1)
     return most
+
+
+def _chunks_on_host(table: np.ndarray, pos: np.ndarray, window: int, local: bool) -> int:
+    """``chunks_per_tile`` of a compact table (its tiles cover the rows in order), in numpy."""
+    if pos.size == 0:
+        return 0
+    live = pos >= 0
+    first = table[:, 0]
+    top = np.maximum.reduceat(np.where(live, pos, -1), first)
+    low = np.minimum.reduceat(np.where(live, pos, np.iinfo(np.int64).max), first)
+    seen = top >= 0
+    if not seen.any():
+        return 0
+    top, low = top[seen].astype(np.int64), low[seen].astype(np.int64)
+    lo = np.maximum(low - window + 1, 0) if local else np.zeros_like(low)
+    return int((top // ref.CHUNK - lo // ref.CHUNK + 1).max())
 
 
 @dataclass
