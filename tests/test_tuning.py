@@ -738,12 +738,15 @@ def test_attention_entries_key_on_head_geometry_and_layer_kind_and_serve_any_key
         assert r.tuning_entry is None, "a local call took the global layers' entry"
 
 
-def test_shipped_attention_entries_are_the_global_layers():
-    """The H200 entries were swept on global layers (the sweep's params): keyed so."""
+def test_shipped_attention_entries_are_keyed_by_layer_kind():
+    """The H200 entries were swept per layer kind (the sweep's params): keyed so, the
+    training buckets of both kinds present."""
     from opcontract.tables.db import PACKAGE_TABLES
 
     entries = [e for e in TuningDB([PACKAGE_TABLES]).entries if e.key["op"] == "gated_attention"]
-    assert entries and all(e.key["shape"].endswith(",layer=global") for e in entries)
+    kinds = {(e.key["shape"].rsplit(",layer=", 1)[1], e.key["bucket"]) for e in entries}
+    assert kinds >= {(k, b) for k in ("global", "local") for b in (4096, 16384)}
+    assert {k for k, _ in kinds} == {"global", "local"}
 
 
 def test_a_table_key_symbol_that_is_not_a_shape_symbol_is_a_contract_error():
