@@ -133,12 +133,20 @@ class PagedKVCache:
         self._len: list[int] = [0] * sequences
         self._low: list[int] = [0] * sequences
         self.pages_evicted = 0
+        self._table: torch.Tensor | None = None  # the table as a tensor, until a block moves
 
     @property
     def table(self) -> torch.Tensor:
         """[sequences, blocks] int64 (host): the first store row of each key block, -1 where
         absent (not yet written, or evicted)."""
-        return torch.tensor(self._rows, dtype=torch.int64)
+        return self._block_table().clone()
+
+    def _block_table(self) -> torch.Tensor:
+        """``table``, built again only after a block was added or freed or the table widened
+        (a decode step mostly writes inside its last block); the op only reads it."""
+        if self._table is None:
+            self._table = torch.tensor(self._rows, dtype=torch.int64)
+        return self._table
 
     @property
     def sequences(self) -> int:
@@ -204,6 +212,7 @@ class PagedKVCache:
     def _ensure(self, blocks_needed: int) -> None:
         more = blocks_needed - len(self._rows[0])
         if more > 0:
+            self._table = None
             for r in self._rows:
                 r.extend([-1] * more)
 
@@ -227,6 +236,7 @@ class PagedKVCache:
             blocks = self._rows[s]
             if blocks[b] < 0:
                 blocks[b] = self._page() * BLOCK
+                self._table = None
             rows.append(blocks[b] + p % BLOCK)
         if rows:  # built on the host, copied without waiting for the GPU's queue
             idx = torch.tensor(rows).to(self.device, non_blocking=True)
@@ -248,6 +258,7 @@ class PagedKVCache:
                     self.free.append(blocks[b] // BLOCK)
                     blocks[b] = -1
                     freed += 1
+                    self._table = None
                 b += 1
             self._low[s] = b
         self.pages_evicted += freed
@@ -257,7 +268,7 @@ class PagedKVCache:
         """The queries' gated attention over what the cache holds. With ``seq`` and
         ``positions`` on the CPU the op gets every index input on the host (it checks their
         values without waiting for the GPU, then copies them); else all on the cache's device."""
-        index = (positions, seq, self.table, self.lengths)
+        index = (positions, seq, self._block_table(), self.lengths)
         if seq.device.type != "cpu" or positions.device.type != "cpu":
             index = tuple(on_device(t, self.device) for t in index)
         return self._f(q, self.k, self.v, gate, *index, layer=self.layer, window=self.window,

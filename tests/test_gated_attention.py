@@ -452,3 +452,14 @@ def test_host_checks_agree_with_the_torch_checks(monkeypatch):
             assert host_form(pos, seq, rows, key_len, params) == holds, (S, NB, T, params)
             verdicts.append(holds)
     assert 100 < sum(verdicts) < len(verdicts) - 100  # both verdicts well represented
+
+
+def test_index_inputs_packed_into_one_int32_copy_keep_their_values_and_shapes():
+    from opcontract.backends.placement import on_device_int32
+
+    ts = (torch.tensor([5, -1, 7]), torch.arange(12).view(3, 4) - 1,
+          torch.tensor([9], dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32))  # fmt: skip
+    out = on_device_int32(ts, torch.device("cpu"))
+    for a, b in zip(ts, out, strict=True):
+        assert b.dtype == torch.int32 and b.shape == a.shape and torch.equal(b.long(), a.long())
+    assert out[0].untyped_storage().data_ptr() == out[3].untyped_storage().data_ptr()  # one copy

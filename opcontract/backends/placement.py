@@ -5,6 +5,7 @@ host copy first for what the host decides (a tile table, a chunk count) without 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -14,3 +15,17 @@ def on_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | No
     if t is None or t.device == device:
         return t
     return t.to(device, non_blocking=True)
+
+
+def on_device_int32(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple:
+    """Host integer tensors on ``device`` as int32, in one copy: packed on the host, copied
+    once, each returned as a view of its shape. For index inputs that kernels read as int32
+    anyway (a per-tensor copy costs the host several microseconds each)."""
+    flat = np.concatenate([t.numpy().reshape(-1).astype(np.int32, copy=False) for t in tensors])
+    packed = torch.from_numpy(flat).to(device, non_blocking=True)
+    out, at = [], 0
+    for t in tensors:
+        n = t.numel()
+        out.append(packed[at : at + n].view(t.shape))
+        at += n
+    return tuple(out)

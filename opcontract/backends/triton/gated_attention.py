@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from opcontract.backends.placement import on_device
+from opcontract.backends.placement import on_device, on_device_int32
 from opcontract.backends.torch import gated_attention as ref
 from opcontract.backends.triton import interpreting
 from opcontract.backends.triton.launch import launch
@@ -182,9 +182,11 @@ class ForwardPlan:
     partials: tuple[torch.Tensor, ...] = ()  # split: (m, l, o) of every chunk
 
 
-def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale) -> ForwardPlan:
+def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
+                 place: bool = True) -> ForwardPlan:  # fmt: skip
     """The plan of a forward call. ``config`` keys: CONFIG_SPACE's (split -1: decide by
-    occupancy); no choice changes a bit."""
+    occupancy); no choice changes a bit. ``place``: the tile table on q's device (else
+    where it was computed, for the caller to place)."""
     cfg = _defaults(q.shape[0])
     cfg.update(config or {})
     _, Hq, D = q.shape
@@ -211,17 +213,29 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
                 BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
                 num_stages=int(cfg["num_stages"]))  # fmt: skip
-    plan = ForwardPlan(on_device(table, q.device), bool(split and n_chunks > 1), n_chunks, meta,
-                       ref.score_factor(D, scale), int(window or 0))  # fmt: skip
+    plan = ForwardPlan(on_device(table, q.device) if place else table,
+                       bool(split and n_chunks > 1), n_chunks, meta, ref.score_factor(D, scale),
+                       int(window or 0))  # fmt: skip
     programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
-    ones = torch.ones(programs, dtype=torch.int32, device=q.device)
-    plan.go, plan.redo = ones, torch.zeros_like(ones)
+    plan.go = _ones(programs, q.device)
+    plan.redo = torch.zeros(programs, dtype=torch.int32, device=q.device)
     if plan.split:
         slots = programs * block_m
         part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
     return plan
+
+
+_ONES: dict[torch.device, torch.Tensor] = {}
+
+
+def _ones(n: int, device: torch.device) -> torch.Tensor:
+    """n int32 ones on ``device``: a view of one shared buffer (never written)."""
+    buf = _ONES.get(device)
+    if buf is None or buf.numel() < n:
+        buf = _ONES[device] = torch.ones(max(n, 4096), dtype=torch.int32, device=device)
+    return buf[:n]
 
 
 def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len, out, attn,
@@ -270,11 +284,15 @@ def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer
     if T == 0:
         return out, lse, attn
     # the tile table from seq where it lives (a host seq: no wait), the kernels' inputs after
+    index = (positions, block_rows, key_len)
+    host = q.is_cuda and all(t.device.type == "cpu" for t in (*index, seq))
     plan = plan_forward(config, q, k, positions, seq, block_rows, layer=layer, window=window,
-                        scale=scale)  # fmt: skip
-    positions, block_rows, key_len = (on_device(t, q.device) for t in (positions, block_rows,
-                                                                        key_len))  # fmt: skip
-    run_forward(plan, q, k, v, gate, positions, block_rows, key_len, out, attn, lse)
+                        scale=scale, place=not host)  # fmt: skip
+    if host:  # every index the kernels read (as int32) in one copy
+        *index, plan.table = on_device_int32((*index, plan.table), q.device)
+    else:
+        index = [on_device(t, q.device) for t in index]
+    run_forward(plan, q, k, v, gate, *index, out, attn, lse)
     return out, lse, attn
 
 
