@@ -85,11 +85,14 @@ def _holds_on_host(positions, seq, block_rows, key_len, params) -> bool:
     """Whether every check of ``check_call`` holds, computed in numpy on host tensors (a few
     microseconds where the torch ops take tens). False also where an index is out of its
     range: the torch path then finds what to report, after the ranges."""
+    S, nb = block_rows.shape
+    if positions.numel() == 0 or S == 0:
+        return True
+    if positions.numel() < _FEW_ROWS and key_len.shape == (S,):
+        return _holds_in_python(positions.tolist(), seq.tolist(), block_rows, key_len.tolist(),
+                                params)  # fmt: skip
     pos, sq = positions.numpy(), seq.numpy()
     rows, lens = block_rows.numpy(), key_len.numpy()
-    S, nb = rows.shape
-    if pos.size == 0 or S == 0:
-        return True
     if sq.min() < 0 or sq.max() >= S or lens.shape != (S,):
         return False
     live = pos >= 0
@@ -112,3 +115,28 @@ def _holds_on_host(positions, seq, block_rows, key_len, params) -> bool:
     absent = np.zeros((S, nb + 1), dtype=np.int64)
     np.cumsum(rows < 0, axis=1, out=absent[:, 1:])
     return not (absent[sq, hi + 1] - absent[sq, lo] > 0).any()
+
+
+_FEW_ROWS = 32  # below this many queries the checks walk Python lists (quicker than numpy)
+
+
+def _holds_in_python(pos: list, seq: list, block_rows, lens: list, params) -> bool:
+    """``_holds_on_host`` for a few queries, over Python lists."""
+    S, nb = block_rows.shape
+    local, window = params["layer"] == "local", params["window"]
+    table = None
+    seen = set()
+    for p, s in zip(pos, seq, strict=True):
+        if not 0 <= s < S:
+            return False
+        if p < 0:
+            continue
+        if (s, p) in seen or p >= lens[s] or p // BLOCK >= nb:
+            return False
+        seen.add((s, p))
+        if table is None:
+            table = block_rows.tolist()
+        lo = max(p - window + 1, 0) // BLOCK if local else 0
+        if min(table[s][lo : p // BLOCK + 1]) < 0:
+            return False
+    return True

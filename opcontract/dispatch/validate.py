@@ -508,6 +508,11 @@ def _host_min_max(t: torch.Tensor, lo: int, allow: int | None) -> list[int] | No
         t.requires_grad
     ):
         return None
+    if t.numel() <= 64:  # a few values: a Python list's min and max are quicker than numpy's
+        v = t.reshape(-1).tolist()
+        if allow is not None:
+            v = [lo if x == allow else x for x in v]
+        return [min(v), max(v)]
     a = t.numpy()
     if allow is not None:
         a = np.where(a == allow, lo, a)

@@ -56,9 +56,23 @@ def tiles(seq: torch.Tensor, per_tile: int, compact: bool = True) -> torch.Tenso
                        dim=1).to(torch.int32)  # fmt: skip
 
 
+_FEW_ROWS = 32  # below this many rows, host-side plans walk Python lists (quicker than numpy)
+
+
 def _tiles_on_host(seq: np.ndarray, per_tile: int) -> torch.Tensor:
-    """``tiles`` of a host ``seq`` (compact), in numpy: a decode step's table in microseconds."""
+    """``tiles`` of a host ``seq`` (compact), in numpy (a few rows: a Python walk)."""
     T = seq.shape[0]
+    if T < _FEW_ROWS:
+        rows, prev, run = [], None, 0
+        for i, s in enumerate(seq.tolist()):
+            run = run + 1 if s == prev else 0
+            prev = s
+            if run % per_tile == 0:
+                if rows:
+                    rows[-1][1] = i - rows[-1][0]
+                rows.append([i, 0, s])
+        rows[-1][1] = T - rows[-1][0]
+        return torch.tensor(rows, dtype=torch.int32)
     i = np.arange(T)
     new_run = np.ones(T, dtype=bool)
     new_run[1:] = seq[1:] != seq[:-1]
@@ -137,7 +151,7 @@ def chunks_per_tile(table: torch.Tensor, positions: torch.Tensor, window: int, l
     """The most key chunks any tile's rows span (the split grid's second axis), by the
     kernels' own rule: chunks b_lo // CHUNK_BLOCKS .. b_hi // CHUNK_BLOCKS of the tile."""
     on_host = positions.device.type == "cpu" and table.device.type == "cpu"
-    if on_host and positions.shape[0] > 32:  # fewer rows: the plain loop is quicker
+    if on_host and positions.shape[0] >= _FEW_ROWS:  # fewer rows: the plain loop is quicker
         return _chunks_on_host(table.numpy(), positions.numpy(), window, local)
     pos = positions.tolist()
     most = 0
