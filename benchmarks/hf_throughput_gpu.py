@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--train", default="4096,8192")
     ap.add_argument("--decode", default="1,16")
+    ap.add_argument("--note", default="", help="e.g. the tree the run measured")
     a = ap.parse_args()
     import transformers
 
@@ -81,6 +82,7 @@ def main() -> None:
 
     payload = {"benchmark": "hf_throughput_gpu", "env": common.env_stamp(),
                "transformers": transformers.__version__, "layers": a.layers,
+               "command": " ".join(["python", *sys.argv]), "note": a.note,
                "rows": []}  # fmt: skip
     model = make_model(a.layers).train()
     vocab = model.config.text_config.vocab_size

@@ -130,16 +130,25 @@ def test_absent_inputs_are_passed_as_none(monkeypatch):
     assert len(served) == 1 and served[0][2] is None and torch.equal(planned, full)
 
 
-def test_value_checked_ops_never_make_a_plan(monkeypatch):
+def test_value_checked_ops_plan_only_with_host_values_and_check_them_every_call(monkeypatch):
+    """Index values on the host: the plan is made, and dispatch checks the values before
+    every call it serves (an out-of-range target still raises, naming the argument)."""
+    from opcontract import ContractViolation
+
     made, served = _recording_plan(monkeypatch, "torch.strict")
     g = torch.Generator().manual_seed(2)
     h, w = torch.randn(4, 32, generator=g), torch.randn(50, 32, generator=g)
     t = torch.randint(0, 50, (4,), generator=g)
     f = dispatch.op("softcap_logprob", backend="torch.strict")
     with torch.no_grad():
-        f(h, w, t)
-        f(h, w, t)
-    assert not made and not served
+        want = f(h, w, t)
+        assert torch.equal(f(h, w, t), want)
+        assert len(made) == 1 and len(served) == 1
+        bad = t.clone()
+        bad[2] = 50
+        with pytest.raises(ContractViolation, match="targets"):
+            f(h, w, bad)
+    assert len(served) == 1  # the check ran first: the plan never saw the bad call
 
 
 def _count_keys(monkeypatch) -> list:

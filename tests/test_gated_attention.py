@@ -467,3 +467,36 @@ def test_index_inputs_packed_into_one_int32_copy_keep_their_values_and_shapes():
     for a, b in zip(ts, out, strict=True):
         assert b.dtype == torch.int32 and b.shape == a.shape and torch.equal(b.long(), a.long())
     assert out[0].untyped_storage().data_ptr() == out[3].untyped_storage().data_ptr()  # one copy
+
+
+def test_repeated_no_grad_calls_take_the_checked_forward_plan(monkeypatch):
+    """Triton, host index inputs, no grad: after one call of a signature the next ones run
+    the forward plan, not the shell's full path (the same bits), and a call whose positions
+    break a check still raises first."""
+    from opcontract.backends.torch.gated_attention import conformance_inputs
+    from opcontract.contracts import get_contract
+    from opcontract.dispatch import call_cache, shell
+
+    call_cache.clear()
+    c = get_contract("gated_attention")
+    case = next(iter(c.conformance.cases))
+    sizes = dict(T=8, Hq=4, Hkv=2, D=16, N=300, S=2, NB=3)
+    x, params = conformance_inputs(c, case, "float32", sizes=sizes)
+    full = []
+    real = shell.OpShell.run_forward
+    monkeypatch.setattr(
+        shell.OpShell, "run_forward", lambda *a, **k: full.append(1) or real(*a, **k)
+    )
+    f = dispatch.op("gated_attention", backend="triton")
+    args = [x[n] for n in ("q", "k", "v", "gate", "positions", "seq", "block_rows", "key_len")]
+    with torch.no_grad():
+        outs = [f(*args, **params) for _ in range(3)]
+        assert len(full) == 1  # the first call; the plan served the other two
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+        live = [i for i in range(8) if int(x["positions"][i]) >= 0]
+        same = [i for i in live if int(x["seq"][i]) == int(x["seq"][live[0]])]
+        bad = x["positions"].clone()
+        bad[same[1]] = bad[same[0]]  # two queries of one sequence at one position
+        with pytest.raises(ContractViolation, match="positions"):
+            f(*args[:4], bad, *args[5:], **params)
+    call_cache.clear()

@@ -63,3 +63,22 @@ def test_triton_keeps_the_contract_beside_torch(monkeypatch, dtype):
         assert ((out.double() - r).norm() / r.norm()).item() < {torch.float32: 1e-6}.get(
             dtype, 8e-3
         )
+
+
+def test_triton_plan_serves_repeated_calls_and_still_checks_positions():
+    """No grad, host positions: the second call of a signature runs the forward plan (the
+    same bits); a negative position on a later call still raises, naming positions."""
+    from opcontract.dispatch import call_cache
+
+    call_cache.clear()
+    q, k, pos = _inputs(T=5, D=32)
+    f = dispatch.op("qk_norm_rope", backend="triton")
+    kw = dict(layer="local", rope_theta=500000.0)
+    with torch.no_grad():
+        a, b = f(q, k, pos, **kw), f(q, k, pos, **kw)
+        hit = call_cache.get(call_cache.key(f._route, (q, k, pos), kw))
+        assert hit is not None and callable(hit.plan)
+        assert torch.equal(a.q_out, b.q_out) and torch.equal(a.k_out, b.k_out)
+        with pytest.raises(ContractViolation, match="positions"):
+            f(q, k, pos - 10**6, **kw)
+    call_cache.clear()

@@ -25,7 +25,7 @@ from opcontract.dispatch.provenance import Provenance, last_provenance, record
 from opcontract.dispatch.provenance import _local as _provenance_local
 from opcontract.dispatch.select import MODES, check_plan_request, route_string
 from opcontract.dispatch.shell import bypass_op, layout_copies, op_shell, resolve
-from opcontract.dispatch.validate import BoundCall, bind, signature
+from opcontract.dispatch.validate import BoundCall, bind, check_values, signature
 from opcontract.errors import NoBackendError
 
 __all__ = ["OpFunction", "Provenance", "Report", "explain", "last_provenance", "op", "simulate"]
@@ -243,12 +243,30 @@ class OpFunction:
 
     def _plan(self, route, hit: CachedCall, inputs: dict) -> Any:
         """The implementation's call plan for this signature (after one call of it ran), or
-        None: where it has none, where index values need checking on every call, or where
-        the call's inputs aren't passed as the plan takes them."""
+        None: where it has none, where index values would be read back from a GPU on every
+        call, or where the call's inputs aren't passed as the plan takes them. Index values
+        on the host are checked by the plan itself, on every call, before it runs."""
         make = route.impl.plan_no_grad
-        if make is None or hit.absent is None or self.sig.value_checked:
+        if make is None or hit.absent is None:
             return None
-        return make(route.config, dict(inputs), hit.params, hit.lead)
+        if not self.sig.value_checked:
+            return make(route.config, dict(inputs), hit.params, hit.lead)
+        if hit.lead is not None or any(
+            inputs[r.name] is not None and inputs[r.name].device.type != "cpu"
+            for r in self.sig.inputs
+            if r.host or r.values is not None
+        ):
+            return None
+        plan = make(route.config, dict(inputs), hit.params, hit.lead)
+        if plan is None:
+            return None
+        sig, params, sizes, names = self.sig, hit.params, dict(hit.sizes), self.sig.input_names
+
+        def checked(*args: Any) -> Any:
+            check_values(sig, dict(zip(names, args, strict=True)), params, sizes)
+            return plan(*args)
+
+        return checked
 
     def _prepare(self, args: tuple, kwargs: dict) -> CachedCall:
         bound = bind(self.sig, args, kwargs)

@@ -16,6 +16,7 @@ from opcontract.backends.triton import segmented_gemm as sg
 from opcontract.backends.triton import softcap_logits as slg
 from opcontract.backends.triton import softcap_logprob as slp
 from opcontract.backends.triton import swiglu as tsw
+from opcontract.backends.triton.forward_plan import forward_plan
 from opcontract.contracts.schema import ReductionPlan
 
 
@@ -208,6 +209,7 @@ register(
     op="qk_norm_rope",
     name="triton.qk",
     forward=qkr.forward,
+    plan_no_grad=forward_plan(qkr.forward),
     backward=qkr.backward,
     layout={"*": "contiguous"},
     plan={
@@ -223,6 +225,7 @@ register(
     op="gated_attention",
     name="triton.attention",
     forward=ga.forward,
+    plan_no_grad=forward_plan(ga.forward),
     backward=ga.backward,
     layout={"*": "contiguous"},
     plan={
