@@ -232,7 +232,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
                        int(window or 0))  # fmt: skip
     programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
     plan.go = _ones(programs, q.device)
-    plan.redo = torch.zeros(programs, dtype=torch.int32, device=q.device)
+    plan.redo = torch.empty(programs, dtype=torch.int32, device=q.device)  # zeroed per run
     if plan.split:
         slots = programs * block_m
         part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
