@@ -3,6 +3,9 @@ patched, beside the step's wall time.
 
     python benchmarks/decode_kernels.py --out results.json [--layers 4] [--batch 1,16]
 
+(The file decode_kernels_h200.json was made before the walls were timed first: its walls
+are inflated by the profiler that ran before them in the same process.)
+
 ``torch.profiler`` records ``generate`` with 1 and with ``1 + steps`` new tokens; each
 kernel's summed device time of the first is taken from the second's and divided by
 ``steps`` (prefill and the first token cancel). The wall time per step comes the same way
@@ -79,10 +82,11 @@ def main() -> int:
                                    min_new_tokens=n, do_sample=False)  # fmt: skip
 
             gen(2)  # compile and warm up
+            # walls first: a profiler session leaves host overhead behind in the process
+            step_s = (wall_s(lambda: gen(1 + args.steps)) - wall_s(lambda: gen(1))) / args.steps
             one, more = kernel_us(lambda: gen(1)), kernel_us(lambda: gen(1 + args.steps))
             per = {k: (more[k] - one.get(k, 0)) / args.steps for k in more}
             per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
-            step_s = (wall_s(lambda: gen(1 + args.steps)) - wall_s(lambda: gen(1))) / args.steps
             gpu_ms = sum(per.values()) / 1e3
             top = {k: round(v, 2) for k, v in list(per.items())[: args.top]}
             row = {
