@@ -3,8 +3,9 @@ patched, beside the step's wall time.
 
     python benchmarks/decode_kernels.py --out results.json [--layers 4] [--batch 1,16]
 
-(The file decode_kernels_h200.json was made before the walls were timed first: its walls
-are inflated by the profiler that ran before them in the same process.)
+(decode_kernels_h200.json was made before the walls were timed first: its walls, 1.5x
+generate's own timing of the same steps, were likely inflated by the profiler that ran
+before them in the same process; not measured apart.)
 
 ``torch.profiler`` records ``generate`` with 1 and with ``1 + steps`` new tokens; each
 kernel's summed device time of the first is taken from the second's and divided by
