@@ -14,6 +14,9 @@ from opcontract.errors import ContractViolation
 
 _C = get_contract("gated_attention")
 BLOCK = _C.reductions["key_blocks"].block
+# below this many query rows the host-side work on index inputs (these checks, the Triton
+# tile table and chunk count) walks Python lists: quicker than numpy's per-call overhead
+FEW_ROWS = 32
 
 
 def check_call(inputs: dict, params: dict):
@@ -88,7 +91,7 @@ def _holds_on_host(positions, seq, block_rows, key_len, params) -> bool:
     S, nb = block_rows.shape
     if positions.numel() == 0 or S == 0:
         return True
-    if positions.numel() < _FEW_ROWS and key_len.shape == (S,):
+    if positions.numel() < FEW_ROWS and key_len.shape == (S,):
         return _holds_in_python(positions.tolist(), seq.tolist(), block_rows, key_len.tolist(),
                                 params)  # fmt: skip
     pos, sq = positions.numpy(), seq.numpy()
@@ -116,8 +119,6 @@ def _holds_on_host(positions, seq, block_rows, key_len, params) -> bool:
     np.cumsum(rows < 0, axis=1, out=absent[:, 1:])
     return not (absent[sq, hi + 1] - absent[sq, lo] > 0).any()
 
-
-_FEW_ROWS = 32  # below this many queries the checks walk Python lists (quicker than numpy)
 
 
 def _holds_in_python(pos: list, seq: list, block_rows, lens: list, params) -> bool:

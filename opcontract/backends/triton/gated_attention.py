@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from opcontract.backends.gated_attention import FEW_ROWS
 from opcontract.backends.placement import on_device, on_device_int32
 from opcontract.backends.torch import gated_attention as ref
 from opcontract.backends.triton import interpreting
@@ -56,13 +57,10 @@ def tiles(seq: torch.Tensor, per_tile: int, compact: bool = True) -> torch.Tenso
                        dim=1).to(torch.int32)  # fmt: skip
 
 
-_FEW_ROWS = 32  # below this many rows, host-side plans walk Python lists (quicker than numpy)
-
-
 def _tiles_on_host(seq: np.ndarray, per_tile: int) -> torch.Tensor:
     """``tiles`` of a host ``seq`` (compact), in numpy (a few rows: a Python walk)."""
     T = seq.shape[0]
-    if T < _FEW_ROWS:
+    if T < FEW_ROWS:
         rows, prev, run = [], None, 0
         for i, s in enumerate(seq.tolist()):
             run = run + 1 if s == prev else 0
@@ -151,7 +149,7 @@ def chunks_per_tile(table: torch.Tensor, positions: torch.Tensor, window: int, l
     """The most key chunks any tile's rows span (the split grid's second axis), by the
     kernels' own rule: chunks b_lo // CHUNK_BLOCKS .. b_hi // CHUNK_BLOCKS of the tile."""
     on_host = positions.device.type == "cpu" and table.device.type == "cpu"
-    if on_host and positions.shape[0] >= _FEW_ROWS:  # fewer rows: the plain loop is quicker
+    if on_host and positions.shape[0] >= FEW_ROWS:  # fewer rows: the plain loop is quicker
         return _chunks_on_host(table.numpy(), positions.numpy(), window, local)
     pos = positions.tolist()
     most = 0
