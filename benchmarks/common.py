@@ -11,8 +11,10 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -63,6 +65,18 @@ def bench_graph(fn, rep_ms: float = 100) -> float:
     from triton.testing import do_bench_cudagraph
 
     return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
+
+
+def wall_s(fn, runs: int = 3) -> float:
+    """Median wall-clock seconds of ``fn()``, the GPU synchronised before and after each run."""
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def matmul_tflops(n: int = 8192) -> float:

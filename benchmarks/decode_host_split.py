@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -97,18 +95,9 @@ def main() -> int:
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
                            min_new_tokens=n, do_sample=False)  # fmt: skip
 
-    def wall(n):
-        times = []
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            gen(n)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
     gen(2)
-    plain = (wall(1 + args.steps) - wall(1)) / args.steps
+    plain = (common.wall_s(lambda: gen(1 + args.steps)) - common.wall_s(lambda: gen(1)))
+    plain /= args.steps
     instrument(model)
     gen(2)
     per = {}
@@ -142,12 +131,11 @@ def main() -> int:
         print(f"  {v['us_per_step']:9.1f} us  {v['calls_per_step']:5.1f} calls  {k}")
     out = {
         "benchmark": "decode_host_split",
-        "command": " ".join(["python", *sys.argv]),
         "env": common.env_stamp(),
         "note": args.note,
         "rows": [row],
     }
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    common.write(args.out, out)
     return 0
 
 

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -43,17 +40,6 @@ def kernel_us(fn) -> collections.Counter:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             out[e.name[:90]] += e.device_time_total
     return out
-
-
-def wall_s(fn) -> float:
-    times = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -84,7 +70,8 @@ def main() -> int:
 
             gen(2)  # compile and warm up
             # walls first: a profiler session leaves host overhead behind in the process
-            step_s = (wall_s(lambda: gen(1 + args.steps)) - wall_s(lambda: gen(1))) / args.steps
+            step_s = (common.wall_s(lambda: gen(1 + args.steps)) - common.wall_s(lambda: gen(1)))
+            step_s /= args.steps
             one, more = kernel_us(lambda: gen(1)), kernel_us(lambda: gen(1 + args.steps))
             per = {k: (more[k] - one.get(k, 0)) / args.steps for k in more}
             per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
@@ -107,12 +94,11 @@ def main() -> int:
                 print(f"    {v:9.1f} us  {k}", flush=True)
     out = {
         "benchmark": "decode_kernels",
-        "command": " ".join(["python", *sys.argv]),
         "env": common.env_stamp(),
         "note": args.note,
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    common.write(args.out, out)
     return 0
 
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import statistics
 import sys
-import time
 import traceback
 import warnings
 from pathlib import Path
@@ -102,15 +100,8 @@ def main() -> int:
             "per_step_by_location": per_step,
         }
         if args.time:
-            secs = []
-            for _ in range(3):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                gen(args.time)
-                torch.cuda.synchronize()
-                secs.append(time.perf_counter() - t0)
             row["new_tokens"] = args.time
-            row["seconds"] = statistics.median(secs)
+            row["seconds"] = common.wall_s(lambda: gen(args.time))
             row["tokens_per_s"] = args.time * args.batch / row["seconds"]  # prefill included
         rows.append(row)
         print(json.dumps(row, indent=1), flush=True)

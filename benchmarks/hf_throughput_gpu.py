@@ -82,7 +82,7 @@ def main() -> None:
 
     payload = {"benchmark": "hf_throughput_gpu", "env": common.env_stamp(),
                "transformers": transformers.__version__, "layers": a.layers,
-               "command": " ".join(["python", *sys.argv]), "note": a.note,
+               "note": a.note,
                "rows": []}  # fmt: skip
     model = make_model(a.layers).train()
     vocab = model.config.text_config.vocab_size

@@ -14,7 +14,6 @@ stays behind, so the loop times the host). GPU time: a captured graph's replays.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -77,13 +76,12 @@ def main() -> int:
             print(row, flush=True)
     out = {
         "benchmark": "softcap_logits_decode",
-        "command": " ".join(["python", *sys.argv]),
         "env": common.env_stamp(),
         "note": args.note,
         "weight_read_floor_ms": floor_ms,
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    common.write(args.out, out)
     return 0
 
 
