@@ -500,3 +500,28 @@ def test_repeated_no_grad_calls_take_the_checked_forward_plan(monkeypatch):
         with pytest.raises(ContractViolation, match="positions"):
             f(*args[:4], bad, *args[5:], **params)
     call_cache.clear()
+
+
+def test_chunk_count_on_the_host_matches_the_kernels_rule():
+    """chunks_per_tile over host tensors (a Python walk below FEW_ROWS rows, numpy above)
+    against the rule written out per tile, on random layouts with padding rows."""
+    from opcontract.backends.torch.gated_attention import CHUNK
+    from opcontract.backends.triton.gated_attention import chunks_per_tile, tiles
+
+    g = torch.Generator().manual_seed(11)
+    sizes = set()
+    for _ in range(300):
+        T = int(torch.randint(1, 90, (1,), generator=g))
+        seq = torch.randint(0, 6, (T,), generator=g).sort().values
+        pos = torch.randint(-1, 9000, (T,), generator=g)
+        table = tiles(seq, int(torch.randint(1, 17, (1,), generator=g)))
+        for local in (False, True):
+            want = 0
+            for row0, n, _ in table.tolist():
+                live = [p for p in pos[row0 : row0 + n].tolist() if p >= 0]
+                if live:
+                    lo = max(min(live) - 2047, 0) if local else 0
+                    want = max(want, max(live) // CHUNK - lo // CHUNK + 1)
+            assert chunks_per_tile(table, pos, 2048, local) == want, (T, local)
+        sizes.add(T >= 32)
+    assert sizes == {False, True}

@@ -85,9 +85,9 @@ def check_call(inputs: dict, params: dict):
 
 
 def _holds_on_host(positions, seq, block_rows, key_len, params) -> bool:
-    """Whether every check of ``check_call`` holds, computed in numpy on host tensors (a few
-    microseconds where the torch ops take tens). False also where an index is out of its
-    range: the torch path then finds what to report, after the ranges."""
+    """Whether every check of ``check_call`` holds, computed on host tensors without a torch
+    op: over Python lists below FEW_ROWS queries, else in numpy. False also where an index is
+    out of its range: the torch path then finds what to report, after the ranges."""
     S, nb = block_rows.shape
     if positions.numel() == 0 or S == 0:
         return True
@@ -118,7 +118,6 @@ def _holds_on_host(positions, seq, block_rows, key_len, params) -> bool:
     absent = np.zeros((S, nb + 1), dtype=np.int64)
     np.cumsum(rows < 0, axis=1, out=absent[:, 1:])
     return not (absent[sq, hi + 1] - absent[sq, lo] > 0).any()
-
 
 
 def _holds_in_python(pos: list, seq: list, block_rows, lens: list, params) -> bool:
