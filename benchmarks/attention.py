@@ -517,6 +517,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", default="invariance,configs,peers,train,prefill,decode")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
     a = ap.parse_args()
     if a.tiny:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -525,6 +526,8 @@ def main() -> None:
     payload = {"benchmark": "attention", "env": common.env_stamp(),
                "geometry": {"hq": G.hq, "hkv": G.hkv, "head_dim": G.d, "dtype": "bfloat16",
                             "window": G.window}}  # fmt: skip
+    if a.note:
+        payload["note"] = a.note
     if not a.tiny:
         payload["ceilings"] = {"matmul_tflops": common.matmul_tflops(),
                                "copy_gbps": common.copy_gbps()}  # fmt: skip

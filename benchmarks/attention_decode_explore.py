@@ -75,8 +75,8 @@ def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
     _, ref_out, ref_lse, _ = run(TRAINING)
     ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
     for split, bm, w, st in itertools.product(
-        (0, 1), map(int, a.block_m.split(",")), map(int, a.warps.split(",")),
-        map(int, a.stages.split(",")),
+        map(int, a.split.split(",")), map(int, a.block_m.split(",")),
+        map(int, a.warps.split(",")), map(int, a.stages.split(",")),
     ):  # fmt: skip
         cfg = {"split": split, "block_m": bm, "num_warps": w, "num_stages": st}
         row = dict(B=B, L=L, **cfg)
@@ -104,11 +104,13 @@ def main() -> None:
     ap.add_argument("--block-m", default="16,64")
     ap.add_argument("--stages", default="1,2,3")
     ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--split", default="0,1")
+    ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
     a = ap.parse_args()
     copy = common.copy_gbps()
     payload = {"benchmark": "attention_decode_explore", "env": common.env_stamp(),
                "ceilings": {"copy_gbps": copy}, "reference_config": TRAINING,
-               "rows": [], "kernels": {}}  # fmt: skip
+               "rows": [], "kernels": {}, "note": a.note}  # fmt: skip
     t0 = time.time()
     for L, B in itertools.product(map(int, a.L.split(",")), map(int, a.B.split(","))):
         shape_rows(B, L, copy, a, payload)

@@ -280,6 +280,26 @@ def test_split_decode_gives_the_fused_bits(kw, bounded, monkeypatch):
             done[s] += 1
 
 
+@pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
+                         ids=["global", "local"])  # fmt: skip
+def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
+    """Chunks with a NaN or infinity: the split kernel's in-program SAFE redo gives the fused
+    kernel's two-pass bits, NaN for NaN, and the rows that never see the bad values finite."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seqs = [list(t) for t in _seqs([700, 600, 40], torch.bfloat16, seed=11)]
+    seqs[0][2][200, 1, 3] = float("nan")  # a value: group 1's rows that see it, channel 3
+    seqs[1][1][100, 0, :] = float("inf")  # a key: group 0's rows that see it
+    seqs[0][0][650, 2] = float("nan")  # one query row
+    fused = _packed(seqs, backend="triton", config={"split": 0}, **kw)
+    split = _packed(seqs, backend="triton", config={"split": 1}, **kw)
+    torch.testing.assert_close(split, fused, rtol=0, atol=0, equal_nan=True)
+    bad = fused.isnan().any(-1)  # rows: sequence 0 at 0, 1 at 700, 2 at 1300
+    assert bad[200:700, 2:].any() and bad[800:1300, :2].any() and bad[650, 2]
+    assert not bad[:200].any() and not bad[1300:].any() and not bad[700:800].any()
+    if kw["layer"] == "local":  # past the window the bad key and value are out of sight
+        assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=2048)],
                          ids=["global", "local"])  # fmt: skip

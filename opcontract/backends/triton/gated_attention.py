@@ -229,9 +229,10 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
                        bool(split and n_chunks > 1), n_chunks, meta, ref.score_factor(D, scale),
                        int(window or 0))  # fmt: skip
     programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
-    plan.go = _ones(programs, q.device)
-    plan.redo = torch.empty(programs, dtype=torch.int32, device=q.device)  # zeroed per run
-    if plan.split:
+    if not plan.split:  # the fused kernel's two passes (the split kernel redoes in-program)
+        plan.go = _ones(programs, q.device)
+        plan.redo = torch.empty(programs, dtype=torch.int32, device=q.device)  # zeroed per run
+    else:
         slots = programs * block_m
         part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
@@ -259,6 +260,18 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     N, Hkv, _ = k.shape
     G, NB, n = Hq // Hkv, block_rows.shape[1], plan.table.shape[0]
     ieee = q.dtype == torch.float32
+    if plan.split:  # chunk partials (each redone in its program if non-finite), then the merge
+        part_m, part_l, part_o = plan.partials
+        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
+               key_len, plan.table, part_m, part_l, part_o, T, N, Hq, Hkv, G, D, NB,
+               plan.n_chunks, plan.window, plan.c, IEEE=ieee, **plan.meta)  # fmt: skip
+        rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
+        parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
+        meta = {**plan.meta, "num_warps": 2, "num_stages": 1}
+        launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
+               part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
+               plan.window, ROWS=rows, COLS=cols, **meta)  # fmt: skip
+        return
     redo = plan.redo
     redo.zero_()
     # the fast pass, then the SAFE pass over the programs it flagged (a non-finite
@@ -267,24 +280,9 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     # unpipelined (its masked products need the shared memory a second stage would take).
     for go, safe in ((plan.go, False), (redo, True)):
         meta = {**plan.meta, "num_stages": 1} if safe else plan.meta
-        if not plan.split:
-            launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows,
-                   key_len, plan.table, out, attn, lse, go, redo, T, N, Hq, Hkv, G, D, NB,
-                   plan.window, plan.c, IEEE=ieee, SAFE=safe, **meta)  # fmt: skip
-            continue
-        part_m, part_l, part_o = plan.partials
-        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
-               key_len, plan.table, part_m, part_l, part_o, go, redo, T, N, Hq, Hkv, G, D, NB,
-               plan.n_chunks, plan.window, plan.c, IEEE=ieee, SAFE=safe,
-               **meta)  # fmt: skip
-    if plan.split:
-        part_m, part_l, part_o = plan.partials
-        rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
-        parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
-        meta = {**plan.meta, "num_warps": 2, "num_stages": 1}
-        launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
-               part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
-               plan.window, ROWS=rows, COLS=cols, **meta)  # fmt: skip
+        launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows, key_len,
+               plan.table, out, attn, lse, go, redo, T, N, Hq, Hkv, G, D, NB, plan.window,
+               plan.c, IEEE=ieee, SAFE=safe, **meta)  # fmt: skip
 
 
 def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):

@@ -172,14 +172,21 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
     lsum = tl.zeros((BLOCK_M,), tl.float32)
     o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     any_c = lsum > 0
-    for b in range(first, last + 1):
-        rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
-        m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window,
-                                        c, m, lsum, o, D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK,
-                                        BLOCK_D)
-        if SAFE:
+    if SAFE:
+        # unpipelined whatever the kernel's stages: the masked products need the shared
+        # memory a second stage would take
+        for b in tl.range(first, last + 1, num_stages=1):
+            rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
+            m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
+                                            window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
+                                            SAFE, BLOCK, BLOCK_D)
             any_c = any_c | upd
-    if not SAFE:
+    else:
+        for b in range(first, last + 1):
+            rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
+            m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
+                                            window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
+                                            SAFE, BLOCK, BLOCK_D)
         # a row saw a key iff its max is finite: a row whose visible scores are all -inf or
         # NaN has a NaN accumulator here, which sends the tile to the SAFE pass
         any_c = m > float("-inf")
@@ -262,15 +269,15 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
 
 @triton.jit
 def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
-                       tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, go_ptr, redo_ptr, T, N, Hq,
-                       Hkv, G, D, NB, NC, window, c, LOCAL: tl.constexpr,
-                       INTERPRET: tl.constexpr, IEEE: tl.constexpr, SAFE: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                       CHUNK_BLOCKS: tl.constexpr):
+                       tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, T, N, Hq, Hkv, G, D, NB,
+                       NC, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
+                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
-    -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). go and
-    redo as in the fused kernel, per chunk."""
+    -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
+    pass first; a partial that comes out non-finite is computed again by the SAFE pass in
+    the same program (one launch; a chunk with finite values never takes the second)."""
     tile = tl.program_id(0)
     i = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -278,20 +285,47 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ch = b_lo // CHUNK_BLOCKS + i
-    if (ch <= b_hi // CHUNK_BLOCKS) & (tl.load(go_ptr + slot) != 0):
+    if ch <= b_hi // CHUNK_BLOCKS:
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
         last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
         m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
-                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, SAFE,
+                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, False,
                                    BLOCK_M, BLOCK, BLOCK_D)
+        if _nonfinite(o) != 0:
+            m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
+                                       Hkv, kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE,
+                                       True, BLOCK_M, BLOCK, BLOCK_D)
         r = tl.arange(0, BLOCK_M)
         d = tl.arange(0, BLOCK_D)
-        if not SAFE:
-            tl.store(redo_ptr + slot, _nonfinite(o))
         tl.store(part_m_ptr + slot * BLOCK_M + r, m)
         tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
         tl.store(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], o)
+
+
+@triton.jit
+def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Chunk i's partial (m, l, o, any row saw a key) of ``_attn_chunk_kernel`` for rows r,
+    channels d; past the tile's last chunk (i >= n) nothing is read and any is False."""
+    slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
+    ok = (r * 0 + i) < n  # per row: the interpreter masks with tensors only
+    m = tl.load(part_m_ptr + slot * BLOCK_M + r, mask=ok, other=float("-inf"))
+    lraw = tl.load(part_l_ptr + slot * BLOCK_M + r, mask=ok, other=-1.0)
+    o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :],
+                mask=ok[:, None], other=0.0)  # fmt: skip
+    return m, lraw, o, ok
+
+
+@triton.jit
+def _merge_loaded(run_m, run_l, run_o, m, lraw, o, ok):
+    """``_merge`` of a loaded partial; a partial past the tile's last chunk leaves the
+    running state as it is (selected, not computed: no bit moves)."""
+    any_c = lraw != -1.0
+    lsum = tl.where(any_c, lraw, 0.0)
+    new_m, new_l, new_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+    return (tl.where(ok, new_m, run_m), tl.where(ok, new_l, run_l),
+            tl.where(ok[:, None], new_o, run_o))  # fmt: skip
 
 
 @triton.jit
@@ -304,7 +338,9 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
     rows x COLS channels of the tile (part = row group * channel blocks + channel block) in
     ascending chunk order by ``_merge`` and finishes them as the fused kernel does. The
     merge is per element (each row's factors from its own m), so how the tile is cut into
-    programs changes no bit; a row group without a query row exits."""
+    programs changes no bit; a row group without a query row exits. The partials are read
+    four chunks at a time, all four loads in flight before the first of their merges (the
+    merges stay one after another, ascending): the chain waits on memory once per four."""
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -327,14 +363,20 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
         run_m = tl.full((ROWS,), float("-inf"), tl.float32)
         run_l = tl.zeros((ROWS,), tl.float32)
         run_o = tl.zeros((ROWS, COLS), tl.float32)
-        for i in range(0, b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1):
-            slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
-            m = tl.load(part_m_ptr + slot * BLOCK_M + r)
-            lraw = tl.load(part_l_ptr + slot * BLOCK_M + r)
-            o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :])
-            any_c = lraw != -1.0
-            lsum = tl.where(any_c, lraw, 0.0)
-            run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+        n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
+        for i in range(0, n, 4):
+            m0, l0, o0, ok0 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC,
+                                            Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
+            m1, l1, o1, ok1 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 1, n,
+                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
+            m2, l2, o2, ok2 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 2, n,
+                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
+            m3, l3, o3, ok3 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 3, n,
+                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, ok0)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, ok1)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, ok2)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, ok3)
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token_r, head,
                 live_r, dmask, Hq, INTERPRET, live_r & (r * 0 + c0 == 0))
 
