@@ -507,8 +507,12 @@ def decode_rows(G: Geometry, Bs, Ls, copy: float) -> list[dict]:
     rows: list[dict] = []
     for L in Ls:
         for B in Bs:
-            decode_case(G, B, L, copy, fa, rows)
-            torch.cuda.empty_cache()
+            try:
+                decode_case(G, B, L, copy, fa, rows)
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001  (a CUDA fault is sticky: keep what ran)
+                rows.append(dict(mode="decode", B=B, L=L, error=repr(e)[:300]))
+                return rows
     return rows
 
 
