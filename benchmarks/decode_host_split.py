@@ -59,7 +59,8 @@ def instrument(model) -> None:
         for n in names:
             setattr(owner, n, _timed(f"{owner.__name__}.{n}", getattr(owner, n)))
     for mod, names in (
-        (tga, ("plan_forward", "run_forward", "tiles")),
+        (tga, ("plan_forward", "run_forward", "tiles", "on_device_int32", "launch")),
+        (dispatch, ("check_values",)),  # the value checks that call plans run
         (validate, ("check_values",)),
         (shell, ("check_values",)),
         (ga_checks, ("check_call",)),
