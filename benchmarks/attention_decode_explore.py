@@ -4,7 +4,7 @@ bitwise against the training configuration's (block_m 128, two stages, fused) on
 inputs, with each compiled kernel's registers, spills and shared memory.
 
     python benchmarks/attention_decode_explore.py --out benchmarks/results/X.json \
-        [--B 1,8,64,256] [--L 8192,32768] [--block-m 16,64]
+        [--B 1,8,64,256] [--L 8192,32768] [--block-m 16,64] [--interior 0,1]
 """
 
 from __future__ import annotations
@@ -74,11 +74,12 @@ def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
 
     _, ref_out, ref_lse, _ = run(TRAINING)
     ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
-    for split, bm, w, st in itertools.product(
+    for split, bm, w, st, inner in itertools.product(
         map(int, a.split.split(",")), map(int, a.block_m.split(",")),
         map(int, a.warps.split(",")), map(int, a.stages.split(",")),
+        map(int, a.interior.split(",")),
     ):  # fmt: skip
-        cfg = {"split": split, "block_m": bm, "num_warps": w, "num_stages": st}
+        cfg = {"split": split, "block_m": bm, "num_warps": w, "num_stages": st, "interior": inner}
         row = dict(B=B, L=L, **cfg)
         try:
             launch.clear()
@@ -105,6 +106,7 @@ def main() -> None:
     ap.add_argument("--stages", default="1,2,3")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--split", default="0,1")
+    ap.add_argument("--interior", default="0")
     ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
     a = ap.parse_args()
     copy = common.copy_gbps()

@@ -1,7 +1,8 @@
 """The Triton gated_attention training forward: each kernel version and tile config timed
 side by side, its bits compared with the reference version's (torch.equal per output).
 
-    python benchmarks/attention_forward_explore.py --out results.json [--before MODULE]
+    python benchmarks/attention_forward_explore.py --out results.json [--before MODULE] \
+        [--configs '[{"block_m": 128, "num_stages": 2, "interior": 1}]']
 
 ``--before``: a module holding an earlier ``gated_attention_kernels`` (same kernel
 signatures; e.g. ``git show REV:opcontract/backends/triton/gated_attention_kernels.py >
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -47,14 +49,19 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--before", default=None)
     ap.add_argument("--lengths", default="2048,8192,16384")
+    ap.add_argument("--configs", default=None,
+                    help='a JSON list of configs, e.g. \'[{"block_m": 128, "interior": 1}]\'')
+    ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
     a = ap.parse_args()
+    configs = json.loads(a.configs) if a.configs else CONFIGS
     now = tpkg.gated_attention_kernels
     versions = {"current": now}
     if a.before:
         versions = {"before": importlib.import_module(a.before), **versions}
     rows = []
     payload = {"benchmark": "attention_forward_explore", "env": common.env_stamp(),
-               "command": " ".join(["python", *sys.argv]), "rows": rows}  # fmt: skip
+               "command": " ".join(["python", *sys.argv]), "note": a.note,
+               "rows": rows}  # fmt: skip
     for L in (int(x) for x in a.lengths.split(",")):
         g = torch.Generator(device="cuda").manual_seed(L)
         q, gate = (torch.randn(L, HQ, D, device="cuda", generator=g).bfloat16() for _ in range(2))
@@ -66,7 +73,7 @@ def main() -> None:
             ref = None
             for name, mod in versions.items():
                 tpkg.gated_attention_kernels = mod  # what the host wrapper imports
-                cfgs = CONFIGS if name == "current" else CONFIGS[:1]
+                cfgs = configs if name == "current" else configs[:1]
                 for cfg in cfgs:
                     cfg = {"split": 0, **cfg}
 

@@ -300,6 +300,32 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
         assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
 
 
+@pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
+                         ids=["global", "local"])  # fmt: skip
+def test_interior_blocks_without_the_mask_give_the_same_bits(kw, monkeypatch):
+    """``interior``: blocks every live row of a tile sees whole skip the visibility mask;
+    fused and split, packed (tiles across sequence and window edges) and left-padded
+    (rows without a query in a tile), with a NaN value and an infinite key: the same bits."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seqs = [list(t) for t in _seqs([700, 260, 9], torch.bfloat16, seed=13)]
+    seqs[0][2][200, 1, 3] = float("nan")
+    seqs[1][1][100, 0, :] = float("inf")
+    for split in (0, 1):
+        base = _packed(seqs, backend="triton", config={"split": split, "interior": 0}, **kw)
+        got = _packed(seqs, backend="triton", config={"split": split, "interior": 1}, **kw)
+        torch.testing.assert_close(got, base, rtol=0, atol=0, equal_nan=True)
+    g = torch.Generator().manual_seed(3)
+    B, L = 3, 300
+    q, gate = (torch.randn(B, L, HQ, D, generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(B, L, HKV, D, generator=g).bfloat16() for _ in range(2))
+    mask = torch.ones(B, L, dtype=torch.long)
+    mask[1, :37] = 0  # left padding: a tile holds rows without a query
+    mask[2, :250] = 0
+    outs = [attention.padded(q, k, v, gate, mask, backend="triton",
+                             config={"split": 0, "interior": i}, **kw) for i in (0, 1)]  # fmt: skip
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=2048)],
                          ids=["global", "local"])  # fmt: skip

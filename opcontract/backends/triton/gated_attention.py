@@ -100,6 +100,9 @@ CONFIG_SPACE = {
     "block_m": (64, 128),  # query rows (tokens x heads of a KV group) a tile
     "num_warps": (4, 8),
     "num_stages": (1, 2),
+    # blocks every live row of a tile sees whole skip the visibility mask (same bits); off
+    # by default until measured on a GPU
+    "interior": (0, 1),
 }
 
 
@@ -111,7 +114,10 @@ def default_config(call=None) -> dict:
     (attention_fastpass_h200.json, attention_forward_explore_h200.json). Smaller calls
     (decode: 16 live rows a token): 64 rows, one stage, 4 warps, which read the cache
     1.1-1.5x faster than 8 warps at every decode batch of 8 to 256 measured
-    (attention_decode_explore_h200.json, attention_decode_merge_h200.json). The contract
+    (attention_decode_explore_h200.json, attention_decode_merge_h200.json), except a
+    single token (decode at B = 1), whose few programs each walk a chunk's blocks one after
+    another: two stages, 23.5 -> 20.1 us at L = 8192 and 34.3 -> 32.2 us at 32768 (at B = 8
+    and 64 one stage stays faster; attention_decode_single_pass_h200.json). The contract
     fixes no tile: no choice here changes a bit (the same files, attention_configs_h200.json)."""
     return _defaults((getattr(call, "sizes", None) or {}).get("T"))
 
@@ -119,7 +125,7 @@ def default_config(call=None) -> dict:
 def _defaults(T: int | None) -> dict:
     """default_config's choices for a call of T query rows (None: unknown)."""
     return {"split": -1, "block_m": _block_m(T), "num_warps": _warps(T),
-            "num_stages": _stages(T)}  # fmt: skip
+            "num_stages": _stages(T), "interior": 0}  # fmt: skip
 
 
 def _block_m(T: int | None) -> int:
@@ -127,7 +133,7 @@ def _block_m(T: int | None) -> int:
 
 
 def _stages(T: int | None) -> int:
-    return 2 if T is not None and T >= 1024 else 1
+    return 2 if T is not None and (T >= 1024 or T == 1) else 1
 
 
 def _warps(T: int | None) -> int:
@@ -224,7 +230,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         n_chunks = chunks_per_tile(table, positions, int(window or 0), local)
     meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
                 BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
-                num_stages=int(cfg["num_stages"]))  # fmt: skip
+                num_stages=int(cfg["num_stages"]), INTERIOR=bool(cfg["interior"]))  # fmt: skip
     plan = ForwardPlan(on_device(table, q.device) if place else table,
                        bool(split and n_chunks > 1), n_chunks, meta, ref.score_factor(D, scale),
                        int(window or 0))  # fmt: skip
@@ -268,6 +274,7 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
         parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
         meta = {**plan.meta, "num_warps": 2, "num_stages": 1}
+        del meta["INTERIOR"]
         launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
                part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
                plan.window, ROWS=rows, COLS=cols, **meta)  # fmt: skip

@@ -85,11 +85,15 @@ def _visible(jpos, pos, klen, window, LOCAL: tl.constexpr):
 @triton.jit
 def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m, lsum, o,
                   D, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
-                  SAFE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+                  SAFE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                  MASK: tl.constexpr = True):
     """One key block's online-softmax step for every row of the tile. SAFE: values a row
     doesn't see are kept out of its product (needed only where a value is non-finite: the
     fast pass leaves a non-finite accumulator, which flags the tile for the SAFE pass; with
-    finite values both passes compute the same products)."""
+    finite values both passes compute the same products). MASK False (fast pass only): a
+    block every live row of the tile sees whole (``_interior``), where the visibility mask
+    selects every score and "saw a key" is true: the same operations on the same values
+    without building the mask (rows past the tile's tokens compute what is never stored)."""
     j = tl.arange(0, BLOCK)
     d = tl.arange(0, BLOCK_D)
     jpos = b * BLOCK + j
@@ -102,16 +106,22 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     kt = tl.load(k_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
     vt = tl.load(v_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
     s = _mm_nt(q, kt, INTERPRET, IEEE) * c
-    vis = _visible(jpos, pos, klen, window, LOCAL)
-    s = tl.where(vis, s, float("-inf"))
-    upd = tl.max(vis.to(tl.int32), axis=1) > 0
+    if MASK:
+        vis = _visible(jpos, pos, klen, window, LOCAL)
+        s = tl.where(vis, s, float("-inf"))
+        upd = tl.max(vis.to(tl.int32), axis=1) > 0
+    else:
+        upd = pos == pos  # every live row sees the whole block
     if SAFE:
         m_new = _max_nan(m, _row_max(s))
     else:
         # tl.max drops a NaN score, but that score's weight is NaN: o turns NaN and flags the
         # tile for the SAFE pass, which redoes it with the NaN-propagating max
         m_new = tl.maximum(m, tl.max(s, axis=1))
-    m_ref = tl.where((m_new == float("-inf")) & (~upd), 0.0, m_new)
+    if MASK:
+        m_ref = tl.where((m_new == float("-inf")) & (~upd), 0.0, m_new)
+    else:
+        m_ref = m_new
     a = tl.exp2(m - m_ref)
     p = tl.exp2(s - m_ref[:, None])
     lsum = lsum * a + tl.sum(p, axis=1)
@@ -162,16 +172,26 @@ def _tile_keys(tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL: tl.con
 
 
 @triton.jit
-def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
-           window, c, D, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
-           SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-           BLOCK_D: tl.constexpr):
-    """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
-    empty state. The fused and the split kernels both call this, with the same bounds."""
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    lsum = tl.zeros((BLOCK_M,), tl.float32)
-    o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    any_c = lsum > 0
+def _interior(pos, live, klen, window, LOCAL: tl.constexpr, BLOCK: tl.constexpr):
+    """(ilo, ihi): the key blocks every live row of the tile sees whole (causal, below
+    key_len, inside the window); empty (ihi < ilo) when a live row has no query (-1)."""
+    pmin = tl.min(tl.where(live, pos, 1 << 30), axis=0)
+    pmax = tl.max(tl.where(live, pos, -1), axis=0)
+    ihi = tl.minimum((pmin + 1) // BLOCK - 1, klen // BLOCK - 1)
+    if LOCAL:
+        first_key = pmax - window + 1  # the lowest key every row still sees
+        ilo = tl.where(first_key > 0, (first_key + BLOCK - 1) // BLOCK, 0)
+    else:
+        ilo = ihi * 0
+    return ilo, ihi
+
+
+@triton.jit
+def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
+                  window, c, m, lsum, o, any_c, D, LOCAL: tl.constexpr,
+                  INTERPRET: tl.constexpr, IEEE: tl.constexpr, SAFE: tl.constexpr,
+                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr):
+    """Blocks first .. last of a chunk onto (m, l, o, any), ascending."""
     if SAFE:
         # unpipelined whatever the kernel's stages: the masked products need the shared
         # memory a second stage would take
@@ -186,7 +206,43 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
             rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
             m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
                                             window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
-                                            SAFE, BLOCK, BLOCK_D)
+                                            SAFE, BLOCK, BLOCK_D, MASK)
+    return m, lsum, o, any_c
+
+
+@triton.jit
+def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
+           window, c, D, ilo, ihi, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
+           IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+           BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr):
+    """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
+    empty state. The fused and the split kernels both call this, with the same bounds.
+    INTERIOR (fast pass): the blocks ilo .. ihi that every live row sees whole run without
+    the visibility mask (``_block_update``'s MASK False), the rest with it, in the same
+    ascending order: the same bits."""
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    lsum = tl.zeros((BLOCK_M,), tl.float32)
+    o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    any_c = lsum > 0
+    if INTERIOR and not SAFE:
+        below = tl.minimum(last, ilo - 1)
+        lo = tl.maximum(first, ilo)
+        hi = tl.minimum(last, ihi)
+        above = tl.maximum(first, tl.maximum(ilo, ihi + 1))
+        m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, below,
+                                          N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
+        m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, lo, hi, N,
+                                          Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c, D,
+                                          LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, False)
+        m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, above, last,
+                                          N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
+    else:
+        m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last,
+                                          N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
+    if not SAFE:
         # a row saw a key iff its max is finite: a row whose visible scores are all -inf or
         # NaN has a NaN accumulator here, which sends the tile to the SAFE pass
         any_c = m > float("-inf")
@@ -231,7 +287,8 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
                      tile_ptr, out_ptr, attn_ptr, lse_ptr, go_ptr, redo_ptr, T, N, Hq, Hkv, G, D,
                      NB, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
                      IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
+                     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
+                     INTERIOR: tl.constexpr = False):
     """The fused forward: a tile's chunks in ascending order, each merged as it ends. A
     program runs where go is non-zero (the fast pass: all; the SAFE pass: the tiles the fast
     pass flagged in redo because their accumulator came out non-finite)."""
@@ -241,6 +298,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
         token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
             tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
+        ilo, ihi = _interior(pos, live, klen, window, LOCAL, BLOCK)
         run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         run_l = tl.zeros((BLOCK_M,), tl.float32)
         st = live[:, None] & dmask
@@ -252,8 +310,8 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
             first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
             last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
             m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
-                                       Hkv, kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE,
-                                       SAFE, BLOCK_M, BLOCK, BLOCK_D)
+                                       Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
+                                       INTERPRET, IEEE, SAFE, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
             later = tl.full((BLOCK_M, 1), ch, tl.int32) > ch_lo
             prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
             run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
@@ -272,7 +330,8 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                        tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, T, N, Hq, Hkv, G, D, NB,
                        NC, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
                        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
+                       BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
+                       INTERIOR: tl.constexpr = False):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
     -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
@@ -289,13 +348,14 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
         last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
+        ilo, ihi = _interior(pos, live, klen, window, LOCAL, BLOCK)
         m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
-                                   kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE, False,
-                                   BLOCK_M, BLOCK, BLOCK_D)
+                                   kvh, pos, klen, window, c, D, ilo, ihi, LOCAL, INTERPRET, IEEE,
+                                   False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
         if _nonfinite(o) != 0:
             m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
-                                       Hkv, kvh, pos, klen, window, c, D, LOCAL, INTERPRET, IEEE,
-                                       True, BLOCK_M, BLOCK, BLOCK_D)
+                                       Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
+                                       INTERPRET, IEEE, True, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
         r = tl.arange(0, BLOCK_M)
         d = tl.arange(0, BLOCK_D)
         tl.store(part_m_ptr + slot * BLOCK_M + r, m)
