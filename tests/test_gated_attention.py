@@ -300,20 +300,28 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
         assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
 
 
+VARIANTS = [  # (split, interior, flat) beside the plain fused and split kernels
+    (0, 1, 0), (0, 0, 1), (0, 1, 1), (1, 1, 0),
+]
+
+
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
                          ids=["global", "local"])  # fmt: skip
-def test_interior_blocks_without_the_mask_give_the_same_bits(kw, monkeypatch):
-    """``interior``: blocks every live row of a tile sees whole skip the visibility mask;
-    fused and split, packed (tiles across sequence and window edges) and left-padded
-    (rows without a query in a tile), with a NaN value and an infinite key: the same bits."""
+def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
+    """``interior`` (blocks every live row of a tile sees whole skip the visibility mask)
+    and ``flat`` (the fused kernel's blocks in one loop, each chunk merged inside it): packed
+    (tiles across sequence and window edges) and left-padded (rows without a query in a
+    tile), with a NaN value and an infinite key: the plain kernels' bits."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     seqs = [list(t) for t in _seqs([700, 260, 9], torch.bfloat16, seed=13)]
     seqs[0][2][200, 1, 3] = float("nan")
     seqs[1][1][100, 0, :] = float("inf")
-    for split in (0, 1):
-        base = _packed(seqs, backend="triton", config={"split": split, "interior": 0}, **kw)
-        got = _packed(seqs, backend="triton", config={"split": split, "interior": 1}, **kw)
-        torch.testing.assert_close(got, base, rtol=0, atol=0, equal_nan=True)
+    base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
+            for split in (0, 1)}  # fmt: skip
+    for split, interior, flat in VARIANTS:
+        cfg = {"split": split, "interior": interior, "flat": flat}
+        got = _packed(seqs, backend="triton", config=cfg, **kw)
+        torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True, msg=str(cfg))
     g = torch.Generator().manual_seed(3)
     B, L = 3, 300
     q, gate = (torch.randn(B, L, HQ, D, generator=g).bfloat16() for _ in range(2))
@@ -322,7 +330,8 @@ def test_interior_blocks_without_the_mask_give_the_same_bits(kw, monkeypatch):
     mask[1, :37] = 0  # left padding: a tile holds rows without a query
     mask[2, :250] = 0
     outs = [attention.padded(q, k, v, gate, mask, backend="triton",
-                             config={"split": 0, "interior": i}, **kw) for i in (0, 1)]  # fmt: skip
+                             config={"split": 0, "interior": i, "flat": i}, **kw)
+            for i in (0, 1)]  # fmt: skip
     assert torch.equal(outs[0], outs[1])
 
 

@@ -103,6 +103,9 @@ CONFIG_SPACE = {
     # blocks every live row of a tile sees whole skip the visibility mask (same bits); off
     # by default until measured on a GPU
     "interior": (0, 1),
+    # the fused kernel's blocks in one loop, each chunk merged inside it (same bits); off by
+    # default until measured on a GPU
+    "flat": (0, 1),
 }
 
 
@@ -125,7 +128,7 @@ def default_config(call=None) -> dict:
 def _defaults(T: int | None) -> dict:
     """default_config's choices for a call of T query rows (None: unknown)."""
     return {"split": -1, "block_m": _block_m(T), "num_warps": _warps(T),
-            "num_stages": _stages(T), "interior": 0}  # fmt: skip
+            "num_stages": _stages(T), "interior": 0, "flat": 0}  # fmt: skip
 
 
 def _block_m(T: int | None) -> int:
@@ -230,7 +233,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         n_chunks = chunks_per_tile(table, positions, int(window or 0), local)
     meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
                 BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
-                num_stages=int(cfg["num_stages"]), INTERIOR=bool(cfg["interior"]))  # fmt: skip
+                num_stages=int(cfg["num_stages"]), INTERIOR=bool(cfg["interior"]),
+                FLAT=bool(cfg["flat"]))  # fmt: skip
     plan = ForwardPlan(on_device(table, q.device) if place else table,
                        bool(split and n_chunks > 1), n_chunks, meta, ref.score_factor(D, scale),
                        int(window or 0))  # fmt: skip
@@ -268,12 +272,13 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     ieee = q.dtype == torch.float32
     if plan.split:  # chunk partials (each redone in its program if non-finite), then the merge
         part_m, part_l, part_o = plan.partials
+        chunk_meta = {k: v for k, v in plan.meta.items() if k != "FLAT"}  # one chunk each
         launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
                key_len, plan.table, part_m, part_l, part_o, T, N, Hq, Hkv, G, D, NB,
-               plan.n_chunks, plan.window, plan.c, IEEE=ieee, **plan.meta)  # fmt: skip
+               plan.n_chunks, plan.window, plan.c, IEEE=ieee, **chunk_meta)  # fmt: skip
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
         parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
-        meta = {**plan.meta, "num_warps": 2, "num_stages": 1}
+        meta = {**chunk_meta, "num_warps": 2, "num_stages": 1}
         del meta["INTERIOR"]
         launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
                part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,

@@ -283,15 +283,45 @@ def _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _flat_blocks(q, k_ptr, v_ptr, block_rows_ptr, attn_ptr, q_off, st, s, NB, lo, hi, b_hi,
+                 ch_lo, N, Hkv, kvh, pos, klen, window, c, m, lsum, o, run_m, run_l, D,
+                 LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                 CHUNK_BLOCKS: tl.constexpr, MASK: tl.constexpr):
+    """Blocks lo .. hi in one loop (the fast pass of FLAT): each block onto the chunk's
+    (m, l, o); at a chunk's last block (or the tile's) the chunk merges into the running
+    state (O through the attn output, as the nested loop does) and starts again empty."""
+    for b in range(lo, hi + 1):
+        rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
+        m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
+                                        window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
+                                        False, BLOCK, BLOCK_D, MASK)
+        if (b % CHUNK_BLOCKS == CHUNK_BLOCKS - 1) | (b == b_hi):
+            any_c = m > float("-inf")
+            later = tl.full((BLOCK_M, 1), b // CHUNK_BLOCKS, tl.int32) > ch_lo
+            prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
+            run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
+            tl.store(attn_ptr + q_off, prev, mask=st)
+            tl.debug_barrier()
+            m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            lsum = tl.zeros((BLOCK_M,), tl.float32)
+            o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    return m, lsum, o, run_m, run_l
+
+
+@triton.jit
 def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
                      tile_ptr, out_ptr, attn_ptr, lse_ptr, go_ptr, redo_ptr, T, N, Hq, Hkv, G, D,
                      NB, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
                      IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
-                     INTERIOR: tl.constexpr = False):
+                     INTERIOR: tl.constexpr = False, FLAT: tl.constexpr = False):
     """The fused forward: a tile's chunks in ascending order, each merged as it ends. A
     program runs where go is non-zero (the fast pass: all; the SAFE pass: the tiles the fast
-    pass flagged in redo because their accumulator came out non-finite)."""
+    pass flagged in redo because their accumulator came out non-finite). FLAT (fast pass):
+    the blocks in one loop, the merge at each chunk's end inside it (``_flat_blocks``: the
+    same blocks, states and merges in the same order as the loop over chunks; the loads can
+    run ahead across a chunk's end)."""
     kvh = tl.program_id(1)
     slot = tl.program_id(0) * tl.num_programs(1) + kvh
     if tl.load(go_ptr + slot) != 0:
@@ -306,18 +336,50 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
         ch_hi = b_hi // CHUNK_BLOCKS
         # between chunks the running O waits in the attn output (float32, this program's rows
         # only; stored and loaded exactly): one accumulator in registers, not two
-        for ch in range(ch_lo, ch_hi + 1):
-            first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
-            last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
-            m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
-                                       Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
-                                       INTERPRET, IEEE, SAFE, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
-            later = tl.full((BLOCK_M, 1), ch, tl.int32) > ch_lo
-            prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
-            run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
-            tl.store(attn_ptr + q_off, prev, mask=st)
-            tl.debug_barrier()
-        any_chunk = tl.full((BLOCK_M, 1), ch_hi, tl.int32) >= ch_lo
+        if FLAT and not SAFE:
+            m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            lsum = tl.zeros((BLOCK_M,), tl.float32)
+            o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+            if INTERIOR:
+                below = tl.minimum(b_hi, ilo - 1)
+                lo = tl.maximum(b_lo, ilo)
+                hi = tl.minimum(b_hi, ihi)
+                above = tl.maximum(b_lo, tl.maximum(ilo, ihi + 1))
+                m, lsum, o, run_m, run_l = _flat_blocks(
+                    q, k_ptr, v_ptr, block_rows_ptr, attn_ptr, q_off, st, s, NB, b_lo,
+                    below, b_hi, ch_lo, N, Hkv, kvh, pos, klen, window, c, m, lsum, o,
+                    run_m, run_l, D, LOCAL, INTERPRET, IEEE, BLOCK_M, BLOCK, BLOCK_D,
+                    CHUNK_BLOCKS, True)
+                m, lsum, o, run_m, run_l = _flat_blocks(
+                    q, k_ptr, v_ptr, block_rows_ptr, attn_ptr, q_off, st, s, NB, lo,
+                    hi, b_hi, ch_lo, N, Hkv, kvh, pos, klen, window, c, m, lsum, o,
+                    run_m, run_l, D, LOCAL, INTERPRET, IEEE, BLOCK_M, BLOCK, BLOCK_D,
+                    CHUNK_BLOCKS, False)
+                m, lsum, o, run_m, run_l = _flat_blocks(
+                    q, k_ptr, v_ptr, block_rows_ptr, attn_ptr, q_off, st, s, NB, above,
+                    b_hi, b_hi, ch_lo, N, Hkv, kvh, pos, klen, window, c, m, lsum, o, run_m,
+                    run_l, D, LOCAL, INTERPRET, IEEE, BLOCK_M, BLOCK, BLOCK_D, CHUNK_BLOCKS,
+                    True)
+            else:
+                m, lsum, o, run_m, run_l = _flat_blocks(
+                    q, k_ptr, v_ptr, block_rows_ptr, attn_ptr, q_off, st, s, NB, b_lo, b_hi,
+                    b_hi, ch_lo, N, Hkv, kvh, pos, klen, window, c, m, lsum, o, run_m, run_l,
+                    D, LOCAL, INTERPRET, IEEE, BLOCK_M, BLOCK, BLOCK_D, CHUNK_BLOCKS, True)
+            any_chunk = tl.full((BLOCK_M, 1), b_hi, tl.int32) >= b_lo
+        else:
+            for ch in range(ch_lo, ch_hi + 1):
+                first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
+                last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
+                m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last,
+                                           N, Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
+                                           INTERPRET, IEEE, SAFE, BLOCK_M, BLOCK, BLOCK_D,
+                                           INTERIOR)
+                later = tl.full((BLOCK_M, 1), ch, tl.int32) > ch_lo
+                prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
+                run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
+                tl.store(attn_ptr + q_off, prev, mask=st)
+                tl.debug_barrier()
+            any_chunk = tl.full((BLOCK_M, 1), ch_hi, tl.int32) >= ch_lo
         run_o = tl.load(attn_ptr + q_off, mask=st & any_chunk, other=0.0)
         if not SAFE:
             tl.store(redo_ptr + slot, _nonfinite(run_o))
