@@ -99,6 +99,22 @@ for s in "$@"; do
             --table "$TABLE" --device cuda ${VERIFY_ONLY:+--only "$VERIFY_ONLY"} ;;
         cute-overlap) stage cute-overlap 240 python3 benchmarks/cute_gemm_overlap_explore.py \
             --out "$OUT/cute_gemm_overlap_explore_h200.json" ;;
+        attention-tests) stage attention-tests "${TESTS_LIMIT:-420}" python3 -m pytest -q -m gpu \
+            "$TREE/tests/test_gated_attention.py" -p no:cacheprovider ;;
+        attention-options)  # the launch options off by default (interior, flat), each checked bitwise
+            stage attention-forward-options 400 python3 benchmarks/attention_forward_explore.py \
+                --lengths 8192,16384 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --configs \
+                '[{"block_m":128,"num_stages":2},{"block_m":128,"num_stages":2,"interior":1},{"block_m":128,"num_stages":2,"flat":1},{"block_m":128,"num_stages":2,"interior":1,"flat":1}]' \
+                --out "$OUT/attention_forward_options_h200.json"
+            stage attention-decode-options 300 python3 benchmarks/attention_decode_explore.py \
+                --split 1 --block-m 64 --warps 4 --stages 1,2 --interior 0,1 --B 1,8,64 \
+                --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/attention_decode_options_h200.json" ;;
+        attention-decode) stage attention-decode 400 python3 benchmarks/attention.py --parts decode \
+            --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_decode_h200_${LABEL}.json" ;;
+        decode-split) stage decode-split 240 python3 benchmarks/decode_host_split.py \
+            --batch "${BATCH:-16}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+            --out "$OUT/decode_host_split_h200_${LABEL}.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
