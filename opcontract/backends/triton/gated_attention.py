@@ -198,6 +198,8 @@ class ForwardPlan:
     meta: dict
     c: float
     window: int
+    interior: bool = False  # the launch options (CONFIG_SPACE's), per kernel that takes them
+    flat: bool = False
     go: torch.Tensor | None = None  # ones: every program of the fast pass runs
     redo: torch.Tensor | None = None  # the fast pass's flags: the SAFE pass's programs
     partials: tuple[torch.Tensor, ...] = ()  # split: (m, l, o) of every chunk
@@ -233,11 +235,10 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         n_chunks = chunks_per_tile(table, positions, int(window or 0), local)
     meta = dict(LOCAL=local, INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK=BLOCK,
                 BLOCK_D=_pow2(D), CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=int(cfg["num_warps"]),
-                num_stages=int(cfg["num_stages"]), INTERIOR=bool(cfg["interior"]),
-                FLAT=bool(cfg["flat"]))  # fmt: skip
+                num_stages=int(cfg["num_stages"]))  # fmt: skip
     plan = ForwardPlan(on_device(table, q.device) if place else table,
                        bool(split and n_chunks > 1), n_chunks, meta, ref.score_factor(D, scale),
-                       int(window or 0))  # fmt: skip
+                       int(window or 0), bool(cfg["interior"]), bool(cfg["flat"]))  # fmt: skip
     programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
     if not plan.split:  # the fused kernel's two passes (the split kernel redoes in-program)
         plan.go = _ones(programs, q.device)
@@ -272,14 +273,13 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     ieee = q.dtype == torch.float32
     if plan.split:  # chunk partials (each redone in its program if non-finite), then the merge
         part_m, part_l, part_o = plan.partials
-        chunk_meta = {k: v for k, v in plan.meta.items() if k != "FLAT"}  # one chunk each
         launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
                key_len, plan.table, part_m, part_l, part_o, T, N, Hq, Hkv, G, D, NB,
-               plan.n_chunks, plan.window, plan.c, IEEE=ieee, **chunk_meta)  # fmt: skip
+               plan.n_chunks, plan.window, plan.c, IEEE=ieee, INTERIOR=plan.interior,
+               **plan.meta)  # fmt: skip
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
         parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
-        meta = {**chunk_meta, "num_warps": 2, "num_stages": 1}
-        del meta["INTERIOR"]
+        meta = {**plan.meta, "num_warps": 2, "num_stages": 1}
         launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
                part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
                plan.window, ROWS=rows, COLS=cols, **meta)  # fmt: skip
@@ -294,7 +294,8 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         meta = {**plan.meta, "num_stages": 1} if safe else plan.meta
         launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows, key_len,
                plan.table, out, attn, lse, go, redo, T, N, Hq, Hkv, G, D, NB, plan.window,
-               plan.c, IEEE=ieee, SAFE=safe, **meta)  # fmt: skip
+               plan.c, IEEE=ieee, SAFE=safe, INTERIOR=plan.interior, FLAT=plan.flat,
+               **meta)  # fmt: skip
 
 
 def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):

@@ -187,6 +187,18 @@ def _interior(pos, live, klen, window, LOCAL: tl.constexpr, BLOCK: tl.constexpr)
 
 
 @triton.jit
+def _segments(first, last, ilo, ihi):
+    """Blocks first .. last cut at the interior ilo .. ihi, in ascending order: (below's
+    last, interior's first, interior's last, above's first); masked blocks first .. below,
+    interior lo .. hi, masked above .. last (an empty interior leaves below .. above whole)."""
+    below = tl.minimum(last, ilo - 1)
+    lo = tl.maximum(first, ilo)
+    hi = tl.minimum(last, ihi)
+    above = tl.maximum(first, tl.maximum(ilo, ihi + 1))
+    return below, lo, hi, above
+
+
+@triton.jit
 def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
                   window, c, m, lsum, o, any_c, D, LOCAL: tl.constexpr,
                   INTERPRET: tl.constexpr, IEEE: tl.constexpr, SAFE: tl.constexpr,
@@ -225,10 +237,7 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
     o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     any_c = lsum > 0
     if INTERIOR and not SAFE:
-        below = tl.minimum(last, ilo - 1)
-        lo = tl.maximum(first, ilo)
-        hi = tl.minimum(last, ihi)
-        above = tl.maximum(first, tl.maximum(ilo, ihi + 1))
+        below, lo, hi, above = _segments(first, last, ilo, ihi)
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, below,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
                                           D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
@@ -247,6 +256,18 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
         # NaN has a NaN accumulator here, which sends the tile to the SAFE pass
         any_c = m > float("-inf")
     return m, lsum, o, any_c
+
+
+@triton.jit
+def _merge_into_attn(run_m, run_l, m, lsum, o, any_c, attn_ptr, q_off, st, later):
+    """A chunk's partial merged into the running state, whose O waits in the attn output
+    between chunks (float32, this program's rows only; stored and loaded exactly; read
+    only after the tile's first chunk, ``later``)."""
+    prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
+    run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
+    tl.store(attn_ptr + q_off, prev, mask=st)
+    tl.debug_barrier()
+    return run_m, run_l
 
 
 @triton.jit
@@ -290,19 +311,16 @@ def _flat_blocks(q, k_ptr, v_ptr, block_rows_ptr, attn_ptr, q_off, st, s, NB, lo
                  CHUNK_BLOCKS: tl.constexpr, MASK: tl.constexpr):
     """Blocks lo .. hi in one loop (the fast pass of FLAT): each block onto the chunk's
     (m, l, o); at a chunk's last block (or the tile's) the chunk merges into the running
-    state (O through the attn output, as the nested loop does) and starts again empty."""
+    state (``_merge_into_attn``, as the nested loop does) and starts again empty."""
     for b in range(lo, hi + 1):
         rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
         m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
                                         window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
                                         False, BLOCK, BLOCK_D, MASK)
         if (b % CHUNK_BLOCKS == CHUNK_BLOCKS - 1) | (b == b_hi):
-            any_c = m > float("-inf")
             later = tl.full((BLOCK_M, 1), b // CHUNK_BLOCKS, tl.int32) > ch_lo
-            prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
-            run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
-            tl.store(attn_ptr + q_off, prev, mask=st)
-            tl.debug_barrier()
+            run_m, run_l = _merge_into_attn(run_m, run_l, m, lsum, o, m > float("-inf"),
+                                            attn_ptr, q_off, st, later)
             m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
             lsum = tl.zeros((BLOCK_M,), tl.float32)
             o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -334,17 +352,14 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
         st = live[:, None] & dmask
         ch_lo = b_lo // CHUNK_BLOCKS
         ch_hi = b_hi // CHUNK_BLOCKS
-        # between chunks the running O waits in the attn output (float32, this program's rows
-        # only; stored and loaded exactly): one accumulator in registers, not two
+        # between chunks the running O waits in the attn output (``_merge_into_attn``): one
+        # accumulator in registers, not two
         if FLAT and not SAFE:
             m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
             lsum = tl.zeros((BLOCK_M,), tl.float32)
             o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
             if INTERIOR:
-                below = tl.minimum(b_hi, ilo - 1)
-                lo = tl.maximum(b_lo, ilo)
-                hi = tl.minimum(b_hi, ihi)
-                above = tl.maximum(b_lo, tl.maximum(ilo, ihi + 1))
+                below, lo, hi, above = _segments(b_lo, b_hi, ilo, ihi)
                 m, lsum, o, run_m, run_l = _flat_blocks(
                     q, k_ptr, v_ptr, block_rows_ptr, attn_ptr, q_off, st, s, NB, b_lo,
                     below, b_hi, ch_lo, N, Hkv, kvh, pos, klen, window, c, m, lsum, o,
@@ -375,10 +390,8 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
                                            INTERPRET, IEEE, SAFE, BLOCK_M, BLOCK, BLOCK_D,
                                            INTERIOR)
                 later = tl.full((BLOCK_M, 1), ch, tl.int32) > ch_lo
-                prev = tl.load(attn_ptr + q_off, mask=st & later, other=0.0)
-                run_m, run_l, prev = _merge(run_m, run_l, prev, m, lsum, o, any_c)
-                tl.store(attn_ptr + q_off, prev, mask=st)
-                tl.debug_barrier()
+                run_m, run_l = _merge_into_attn(run_m, run_l, m, lsum, o, any_c, attn_ptr,
+                                                q_off, st, later)
             any_chunk = tl.full((BLOCK_M, 1), ch_hi, tl.int32) >= ch_lo
         run_o = tl.load(attn_ptr + q_off, mask=st & any_chunk, other=0.0)
         if not SAFE:
