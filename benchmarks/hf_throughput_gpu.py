@@ -6,8 +6,11 @@
 Training: one sequence of T tokens, ``model(input_ids, labels=input_ids)`` then
 ``loss.backward()`` (no optimizer step), median of 3 timed steps after one warm-up; tokens/s
 and the peak memory allocated during a step. Decode: ``generate`` of 32 new tokens (greedy,
-the model's own KV cache: stock DynamicCache, patched OpcontractKVCache) after a prompt of
-128 tokens, eager; generated tokens/s over the whole call (prefill included).
+the model's own KV cache) after a prompt of 128 tokens; generated tokens/s over the whole
+call (prefill included). ``--decode-modes``: ``eager`` (stock DynamicCache, patched
+OpcontractKVCache) and ``static`` (``cache_implementation="static"``: stock StaticCache,
+patched OpcontractStaticCache; generate() compiles the decode step, torch.compile
+"reduce-overhead": CUDA graphs; the first, untimed call compiles).
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ def train_row(model, T: int, vocab: int) -> dict:
                 peak_gb=(torch.cuda.max_memory_allocated() - base) / 1e9)  # fmt: skip
 
 
-def decode_row(model, B: int, vocab: int, new: int = 32) -> dict:
+def decode_row(model, B: int, vocab: int, new: int = 32, cache: str = "eager") -> dict:
     g = torch.Generator(device="cuda").manual_seed(B)
     ids = torch.randint(3, vocab, (B, 128), device="cuda", generator=g)
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
     with torch.no_grad():
         model.generate(ids, **kw)
         torch.cuda.synchronize()
@@ -65,7 +70,8 @@ def decode_row(model, B: int, vocab: int, new: int = 32) -> dict:
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
     s = min(times)
-    return dict(mode="decode", B=B, new_tokens=new, seconds=s, tokens_per_s=B * new / s)
+    return dict(mode="decode", cache=cache, B=B, new_tokens=new, seconds=s,
+                tokens_per_s=B * new / s)  # fmt: skip
 
 
 def main() -> None:
@@ -74,6 +80,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--train", default="4096,8192")
     ap.add_argument("--decode", default="1,16")
+    ap.add_argument("--decode-modes", default="eager,static")
     ap.add_argument("--note", default="", help="e.g. the tree the run measured")
     a = ap.parse_args()
     import transformers
@@ -90,7 +97,8 @@ def main() -> None:
         if patched:
             apply_opcontract(model)
         cases = [("train", int(t)) for t in a.train.split(",") if t]
-        cases += [("decode", int(b)) for b in a.decode.split(",") if b]
+        cases += [(f"decode-{m}", int(b)) for m in a.decode_modes.split(",") if m
+                  for b in a.decode.split(",") if b]  # fmt: skip
         for mode, n in cases:
             try:
                 if mode == "train":
@@ -98,7 +106,7 @@ def main() -> None:
                     row = train_row(model, n, vocab)
                 else:
                     model.eval()
-                    row = decode_row(model, n, vocab)
+                    row = decode_row(model, n, vocab, cache=mode.split("-")[1])
             except Exception as e:  # noqa: BLE001
                 row = dict(mode=mode, n=n, error=f"{type(e).__name__}: {e}"[:600])
             row["provider"] = "opcontract" if patched else "stock (sdpa)"

@@ -212,7 +212,9 @@ def test_fail_closed_at_call_time():
     with pytest.raises(ValueError, match="position_ids"):
         model(ids, attention_mask=mask, position_ids=torch.arange(ids.shape[1])[None])
     with pytest.raises(OpcontractPatchError, match="cache_implementation"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=1, cache_implementation="static")
+        model.generate(
+            ids, attention_mask=mask, max_new_tokens=1, cache_implementation="sliding_window"
+        )
 
 
 def test_train_equals_rollout_across_a_key_block_and_eviction():

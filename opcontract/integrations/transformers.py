@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, masking_utils
 from transformers.cache_utils import Cache
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -48,6 +48,8 @@ from transformers.models.muse_glimmer import modeling_muse_glimmer as mg
 
 from opcontract import attention as _attention
 from opcontract import dispatch
+from opcontract.integrations.positions import positions_from_mask
+from opcontract.integrations.static_cache import CacheStep, OpcontractStaticCache, require
 from opcontract.outputs import LogprobOutput
 
 ATTN_IMPLEMENTATION = "opcontract"
@@ -56,12 +58,14 @@ SHARDED_HEAD = "_opcontract_sharded_head"  # set by opcontract.parallel (head="v
 _FLAG = "_opcontract_patched"
 _BACKEND = "_opcontract_backend"
 OPCONTRACT_FORWARD = "_opcontract_forward"  # the patched forward, kept on the instance
+_STATIC = "_opcontract_static_cache"  # generate()'s last OpcontractStaticCache
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
     "OpcontractCausalLMOutput",
     "OpcontractKVCache",
     "OpcontractPatchError",
+    "OpcontractStaticCache",
     "Rollout",
     "apply_opcontract",
     "generate_with_logprobs",
@@ -75,13 +79,6 @@ __all__ = [
 
 class OpcontractPatchError(TypeError):
     """The model is not one this patch has validated; nothing was changed."""
-
-
-def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """[B, L] mask (nonzero = real) -> [B, L] int64 positions: the count of real tokens before
-    each real token in its row; -1 at padding."""
-    m = mask.to(torch.bool)
-    return torch.where(m, torch.cumsum(m.to(torch.int64), dim=1) - 1, -1)
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -278,6 +275,7 @@ def _gated_attention(
     sliding_window: int | None = None,
     dropout: float = 0.0,
     backend: str | None = None,
+    opcontract_step: CacheStep | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The attention function registered as "opcontract": gated_attention over query
@@ -290,6 +288,13 @@ def _gated_attention(
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     B, Lq = q.shape[:2]
     kind = "local" if sliding_window else "global"
+    if isinstance(past_key_values, OpcontractStaticCache):
+        if opcontract_step is None:
+            raise OpcontractPatchError("OpcontractStaticCache: the attention got no step (call "
+                                       "the patched model's forward)")  # fmt: skip
+        out = past_key_values.attend(module.layer_idx, opcontract_step, q, k, v, gate,
+                                     scale=scaling)  # fmt: skip
+        return out, None
     if isinstance(past_key_values, OpcontractKVCache):
         seen = past_key_values.get_seq_length(module.layer_idx)
         mask = attention_mask
@@ -316,6 +321,18 @@ AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _padding_mask)
 
 
 # -- patched forwards (bound to module instances) -----------------------------------------
+
+
+_OPS: dict[tuple[str, str | None], Any] = {}
+
+
+def _op(name: str, backend: str | None):
+    """``dispatch.op(name, backend=backend)``, built once: a forward that torch.compile
+    traces reads it from here instead of building it (which reads the contract files)."""
+    fn = _OPS.get((name, backend))
+    if fn is None:
+        fn = _OPS[name, backend] = dispatch.op(name, backend=backend)
+    return fn
 
 
 def _rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -387,17 +404,20 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
         k = self.k_proj(hidden_states).view(B, L, -1, D)
         v = self.v_proj(hidden_states).view(B, L, -1, D)
         gate = self.gate_proj(hidden_states).view(B, L, -1, D)
+        step = kwargs.get("opcontract_step")  # OpcontractStaticCache's, from the top forward
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(
                 "opcontract attention derives positions from a 2-D padding mask; got a "
                 f"{attention_mask.dim()}-D mask"
             )
         mask = attention_mask
-        if mask is None:
+        if mask is None and step is None:
             seen = past_key_values.get_seq_length(self.layer_idx) if past_key_values else 0
             mask = torch.ones(B, seen + L, dtype=torch.bool, device=q.device)
         cp = getattr(self, "_opcontract_cp", None)  # opcontract.parallel.context's chunk
-        if cp is None and isinstance(past_key_values, OpcontractKVCache):
+        if step is not None:
+            pos = step.positions.clamp(min=0)  # padding's never read
+        elif cp is None and isinstance(past_key_values, OpcontractKVCache):
             pos = past_key_values.query_positions(self.layer_idx, mask, q.device)  # host
         else:
             rows = slice(-L, None) if cp is None else cp.rows(mask.shape[1], L)
@@ -424,6 +444,7 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
             sliding_window=self.sliding_window,
             dropout=self.attention_dropout if self.training else 0.0,
             backend=backend,
+            opcontract_step=step,
         )
         return self.o_proj(out.reshape(B, L, -1)), None
 
@@ -470,7 +491,7 @@ def _head(model: nn.Module, hidden: torch.Tensor, backend: str | None):
     chunking changes no bit). (logits float32 [..., V], lse float32 [...]): logits[y] - lse
     is softcap_logprob's log-prob of y, bitwise."""
     text = model.config.text_config
-    op = dispatch.op("softcap_logits", backend=backend)
+    op = _op("softcap_logits", backend)
     flat = hidden.reshape(-1, hidden.shape[-1])
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
@@ -518,7 +539,7 @@ def logprob_head(
             return LogprobOutput(logprob=lp)
         ent, pred = sharded.head_outputs(hidden, w, entropy, predicted)  # entropy: no gradient
         return LogprobOutput(logprob=lp, entropy=ent, predicted=pred)
-    out = dispatch.op("softcap_logprob", backend=backend)(
+    out = _op("softcap_logprob", backend)(
         hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,
     )  # fmt: skip
@@ -580,6 +601,72 @@ def _check_generation_mask(mask: torch.Tensor | None) -> None:
         )
 
 
+def _lm_output(model: nn.Module, backend: str | None, outputs: Any, labels, logits_to_keep,
+               num_items_in_batch) -> OpcontractCausalLMOutput:  # fmt: skip
+    """The head over the text model's ``outputs``: logits and lse of the kept positions, and
+    with ``labels`` the mean next-token loss through softcap_logprob."""
+    hidden = outputs.last_hidden_state
+    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    logits, lse = _head(model, hidden[:, keep, :], backend)
+    loss = None
+    if labels is not None:
+        h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
+        tgt = labels[:, 1:].reshape(-1).to(hidden.device)
+        lp = logprob_head(model, h, tgt, backend=backend).logprob
+        n = num_items_in_batch
+        if n is None:
+            n = (tgt != -100).sum().clamp(min=1)
+        loss = -lp.sum() / n  # all labels -100: a zero loss that still has a backward
+    return OpcontractCausalLMOutput(
+        loss=loss,
+        logits=logits,
+        past_key_values=outputs.past_key_values,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+        lse=lse,
+    )
+
+
+def _static_forward(model: nn.Module, backend: str | None, input_ids, attention_mask,
+                    position_ids, cache: OpcontractStaticCache, inputs_embeds, labels,
+                    logits_to_keep, **kwargs: Any) -> OpcontractCausalLMOutput:  # fmt: skip
+    """The patched forward with an :class:`OpcontractStaticCache`: the step's positions once
+    (from the cache's lengths where every new column is real, else from the host mask), then
+    the layers, each writing its keys and attending through the step. Without a mask, or
+    under torch.compile, nothing is read back."""
+    ref = input_ids if input_ids is not None else inputs_embeds
+    B, L = ref.shape[:2]
+    if labels is not None:
+        raise ValueError("labels with a KV cache: a training forward takes no cache")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(
+            "opcontract attention derives positions from a 2-D padding mask; got a "
+            f"{attention_mask.dim()}-D mask"
+        )
+    if attention_mask is not None and not torch.compiler.is_compiling():
+        _check_generation_mask(attention_mask)
+    step = cache.begin(attention_mask, B, L)
+    grid = step.positions.view(B, L)
+    if position_ids is not None:
+        got = position_ids.to(grid.device).expand_as(grid)
+        require(((got == grid) | (grid < 0)).all(),
+                "opcontract derives positions from the attention mask (cumsum(mask) - 1); the "
+                "position_ids given disagree on real tokens")  # fmt: skip
+    masks = {"full_attention": None, "sliding_attention": None}  # the step carries them
+    outputs = model.model(
+        input_ids=input_ids,
+        attention_mask=masks,
+        position_ids=grid.clamp(min=0),
+        past_key_values=cache,
+        inputs_embeds=inputs_embeds,
+        use_cache=True,
+        opcontract_step=step,
+        **kwargs,
+    )
+    cache.end(step)
+    return _lm_output(model, backend, outputs, labels, logits_to_keep, None)
+
+
 def _patch_top(model: nn.Module, backend: str | None) -> None:
     def forward(
         self: nn.Module,
@@ -595,6 +682,10 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         **kwargs: Any,
     ) -> OpcontractCausalLMOutput:
         ref = input_ids if input_ids is not None else inputs_embeds
+        if isinstance(past_key_values, OpcontractStaticCache):
+            return _static_forward(self, backend, input_ids, attention_mask, position_ids,
+                                   past_key_values, inputs_embeds, labels, logits_to_keep,
+                                   **kwargs)  # fmt: skip
         seen = past_key_values.get_seq_length() if past_key_values is not None else 0
         host_mask = None
         if isinstance(past_key_values, OpcontractKVCache) and attention_mask is not None:
@@ -628,43 +719,66 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         finally:
             if past_key_values is not None:
                 past_key_values._host_mask = None
-        hidden = outputs.last_hidden_state
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits, lse = _head(self, hidden[:, keep, :], backend)
-        loss = None
-        if labels is not None:
-            h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
-            tgt = labels[:, 1:].reshape(-1).to(hidden.device)
-            lp = logprob_head(self, h, tgt, backend=backend).logprob
-            n = num_items_in_batch
-            if n is None:
-                n = (tgt != -100).sum().clamp(min=1)
-            loss = -lp.sum() / n  # all labels -100: a zero loss that still has a backward
-        return OpcontractCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            lse=lse,
-        )
+        return _lm_output(self, backend, outputs, labels, logits_to_keep, num_items_in_batch)
 
     model.forward = types.MethodType(forward, model)
     object.__setattr__(model, OPCONTRACT_FORWARD, model.forward)  # what integrations.trl wraps
 
     prepare = model._prepare_cache_for_generation
 
-    def prepare_cache(generation_config: Any, model_kwargs: dict, *args: Any, **kw: Any):
+    def prepare_cache(generation_config: Any, model_kwargs: dict, generation_mode: Any,
+                      batch_size: int, max_cache_length: int):  # fmt: skip
+        impl = generation_config.cache_implementation
         if model_kwargs.get("past_key_values") is None and generation_config.use_cache:
-            if generation_config.cache_implementation is not None:
+            if impl == "static":
+                rows = max(generation_config.num_beams or 1,
+                           generation_config.num_return_sequences or 1) * batch_size  # fmt: skip
+                length = max(max_cache_length, generation_config.max_cache_len or 0)
+                model_kwargs["past_key_values"] = _static_cache(model, backend, rows, length)
+                return None
+            if impl not in (None, "dynamic"):
                 raise OpcontractPatchError(
-                    f"cache_implementation={generation_config.cache_implementation!r}: a model "
-                    "patched by opcontract generates with its own OpcontractKVCache"
+                    f"cache_implementation={impl!r}: a model patched by opcontract generates "
+                    "with its own caches: OpcontractKVCache (the default, 'dynamic') or "
+                    "OpcontractStaticCache ('static')"
                 )
             model_kwargs["past_key_values"] = OpcontractKVCache(model.config, backend=backend)
-        return prepare(generation_config, model_kwargs, *args, **kw)
+        return prepare(generation_config, model_kwargs, generation_mode, batch_size,
+                       max_cache_length)  # fmt: skip
 
     model._prepare_cache_for_generation = prepare_cache
+    stock_masks = getattr(model, "create_masks_for_generate", None)
+    stock_masks = stock_masks or masking_utils.create_masks_for_generate
+
+    def masks_for_generate(*args: Any, attention_mask=None, past_key_values=None,
+                                  is_first_iteration: bool = False, **kw: Any):  # fmt: skip
+        """generate()'s hook for a compileable cache's masks. With an OpcontractStaticCache:
+        the 2-D padding mask at the prefill (its padding is found from it), none at a decode
+        step, whose one new column generate() makes real (the cache's lengths give the
+        positions: nothing read back, one shape for every step)."""
+        if isinstance(past_key_values, OpcontractStaticCache):
+            return attention_mask if is_first_iteration else None
+        return stock_masks(*args, attention_mask=attention_mask, past_key_values=past_key_values,
+                           is_first_iteration=is_first_iteration, **kw)  # fmt: skip
+
+    model.create_masks_for_generate = masks_for_generate
+
+
+def _static_cache(model: nn.Module, backend: str | None, batch_size: int,
+                  max_cache_len: int) -> OpcontractStaticCache:  # fmt: skip
+    """The model's static cache for a generate() call, emptied: the last one where it fits
+    (the same stores: torch.compile's graphs stay valid), else a new one."""
+    text = model.model.language_model
+    device, dtype = text.embed_tokens.weight.device, text.embed_tokens.weight.dtype
+    cache = getattr(model, _STATIC, None)
+    if cache is not None and cache.fits(batch_size, max_cache_len, device, dtype):
+        cache.reset()
+        return cache
+    cache = OpcontractStaticCache(model.config, batch_size=batch_size,
+                                  max_cache_len=max_cache_len, device=device, dtype=dtype,
+                                  backend=backend)  # fmt: skip
+    object.__setattr__(model, _STATIC, cache)
+    return cache
 
 
 # -- validation (before anything changes) and the entry point -----------------------------
@@ -860,6 +974,7 @@ def generate_with_logprobs(
     steps: list[torch.Tensor] = []
     last: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    @torch.compiler.disable  # runs after a compiled forward: its outputs copied out of the graph
     def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if last:  # this call's last input token was sampled from the previous call's row
