@@ -198,20 +198,24 @@ def test_grpo_trainer_through_opcontract(chunked_calls, tmp_path):
     assert trainer.state.log_history[0]["reward_std"] > 0  # a step with a gradient
 
 
-def test_grpo_trainer_rollout_logprobs_equal_the_trainers():
+@pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
+def test_grpo_trainer_rollout_logprobs_equal_the_trainers(cache):
     """The completions the GRPO trainer sampled, replayed through generate_with_logprobs
     (each step forced to the trainer's token): the rollout's log-probs equal the trainer's
-    log_probs bitwise."""
+    log_probs bitwise. ``static``: GRPOConfig(cache_implementation="static"), the trainer's
+    generation and the replay through OpcontractStaticCache."""
     model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
-    trainer = grpo_trainer(model, bf16=False)
+    trainer = grpo_trainer(model, bf16=False, cache_implementation=cache)
     oc_trl.enable(trainer, backend="torch")
-    seen = []
+    seen, built = [], []
 
     def hook(module, args, kwargs, out):
         if kwargs.get("fused_lm_head"):
+            # whether the trainer's own generate() built the static cache (before the replay)
+            built.append(getattr(module, "_opcontract_static_cache", None) is not None)
             module.eval()  # generation in eval mode, as the trainer generates
             try:  # the weights the trainer used, before its optimizer step
-                ro = _forced_rollout(module, kwargs)
+                ro = _forced_rollout(module, kwargs, cache_implementation=cache)
             finally:
                 module.train()
             seen.append((kwargs["input_ids"], kwargs["labels"], out.log_probs.detach(), ro))
@@ -219,6 +223,7 @@ def test_grpo_trainer_rollout_logprobs_equal_the_trainers():
     model.register_forward_hook(hook, with_kwargs=True)
     trainer.train()
     assert seen
+    assert built[0] == (cache == "static")
     for ids, labels, lp, ro in seen:
         P = ids.shape[1] - ro.logprobs.shape[1]
         scored = labels[:, 1:] != -100
@@ -229,7 +234,7 @@ def test_grpo_trainer_rollout_logprobs_equal_the_trainers():
         assert torch.equal(got[real], ro.logprobs[real])
 
 
-def _forced_rollout(model, kwargs):
+def _forced_rollout(model, kwargs, **generate_kwargs):
     """generate_with_logprobs from the trainer's prompt part, each new token forced to the
     trainer's completion token (a logits processor: the recorded log-prob is the model's)."""
     from transformers import LogitsProcessor, LogitsProcessorList
@@ -248,6 +253,7 @@ def _forced_rollout(model, kwargs):
     return generate_with_logprobs(
         model, prompt, pmask, max_new_tokens=target.shape[1], min_new_tokens=target.shape[1],
         do_sample=False, logits_processor=LogitsProcessorList([Force()]), eos_token_id=None,
+        **generate_kwargs,
     )  # fmt: skip
 
 
