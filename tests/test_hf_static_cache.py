@@ -169,3 +169,25 @@ def test_static_decode_under_cuda_graphs_gives_the_eager_bits():
         assert torch.equal(ro.sequences, eager.sequences)
         assert torch.equal(ro.logprobs, eager.logprobs)
         assert torch.equal(ro.logprobs, training(model, ro, ids.shape[1]))
+
+
+def test_compiled_static_decode_with_the_triton_ops_is_one_graph():
+    """The Triton ops (the interpreter on the CPU): their eager fast path keeps per-signature
+    state that a traced call must not read (dynamo would guard on it and trace again when an
+    eager prefill changed it). Two calls with prompts of other widths: one graph, and the
+    training bits."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = apply_opcontract(tiny_muse_glimmer(torch.bfloat16), backend="triton")
+    for seed, lens in ((1, [2, 5]), (2, [6, 3])):
+        ids, mask = left_padded(lens, seed=seed)
+        torch.manual_seed(seed)
+        ro = generate_with_logprobs(model, ids, mask, max_new_tokens=3, do_sample=True,
+                                    cache_implementation="static",
+                                    compile_config=compiled())  # fmt: skip
+        with torch.no_grad():
+            train = token_logprobs(model, ro.sequences, ro.attention_mask, backend="triton")
+        assert torch.equal(ro.logprobs, train[:, ids.shape[1] - 1 :])
+    assert counters["stats"]["unique_graphs"] == 1

@@ -175,13 +175,14 @@ class OpFunction:
         self._fast: call_cache.FastEntry | None = None  # the last planned signature
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _compiling():  # before any state of this object is read: dynamo would guard on it
+            return self._traced(args, kwargs)
         f = self._fast
         if (  # the last planned signature again, under no_grad: its plan, no memo key built
             f is not None
             and not _grad_enabled()
             and not _dispatch_modes()
             and not (self._autocast and _autocast_on())
-            and not _compiling()
             and not _simulate_blocks[0]
             and f.match(args, kwargs)
         ):
@@ -194,13 +195,6 @@ class OpFunction:
         if autocast:
             args, kwargs = _autocast(self.contract.autocast, args, kwargs)
         sh = self.shell
-        if torch.compiler.is_compiling():  # traced: validation on fake tensors, no memo
-            bound = bind(self.sig, args, kwargs)
-            inputs = bound.inputs
-            if bound.lead is not None:
-                inputs = self._flatten(inputs, len(bound.lead))
-            out = sh.call_forward(inputs, bound.params, self.backend or "", self.mode, self.config)
-            return sh.build_result(out, bound.params, bound.lead)
         k = None if simulating() else call_cache.key(self._route, args, kwargs)
         hit = call_cache.get(k)
         if hit is None:
@@ -240,6 +234,18 @@ class OpFunction:
         else:
             out = sh.call_forward(inputs, params, self.backend or "", self.mode, self.config)
         return sh.build_result(out, params, lead)
+
+    def _traced(self, args: tuple, kwargs: dict) -> Any:
+        """Under torch.compile: validation on fake tensors, the library op, no memo."""
+        if self._autocast and _autocast_on():
+            args, kwargs = _autocast(self.contract.autocast, args, kwargs)
+        bound = bind(self.sig, args, kwargs)
+        inputs = bound.inputs
+        if bound.lead is not None:
+            inputs = self._flatten(inputs, len(bound.lead))
+        sh = self.shell
+        out = sh.call_forward(inputs, bound.params, self.backend or "", self.mode, self.config)
+        return sh.build_result(out, bound.params, bound.lead)
 
     def _plan(self, route, hit: CachedCall, inputs: dict) -> Any:
         """The implementation's call plan for this signature (after one call of it ran), or
