@@ -115,6 +115,13 @@ for s in "$@"; do
         decode-split) stage decode-split 240 python3 benchmarks/decode_host_split.py \
             --batch "${BATCH:-16}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
             --out "$OUT/decode_host_split_h200_${LABEL}.json" ;;
+        hf-static)  # generate() with the static cache under CUDA graphs: the GPU test, then
+            # eager and static decode tokens/s, stock and patched (4 layers, real width)
+            stage hf-static-test 300 python3 -m pytest -q -m gpu \
+                "$TREE/tests/test_hf_static_cache.py" -p no:cacheprovider
+            stage hf-static 500 python3 benchmarks/hf_throughput_gpu.py --train "" \
+                --decode "${DECODE:-1,16,64}" --decode-modes "${DECODE_MODES:-eager,static}" \
+                --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/hf_decode_static_h200.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
