@@ -96,6 +96,8 @@ def main() -> None:
     for patched in (False, True):
         if patched:
             apply_opcontract(model)
+            model.__dict__.pop("_compiled_call", None)  # the stock forward's compiled decode
+            torch._dynamo.reset()
         cases = [("train", int(t)) for t in a.train.split(",") if t]
         cases += [(f"decode-{m}", int(b)) for m in a.decode_modes.split(",") if m
                   for b in a.decode.split(",") if b]  # fmt: skip
