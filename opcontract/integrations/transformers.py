@@ -974,14 +974,16 @@ def generate_with_logprobs(
     steps: list[torch.Tensor] = []
     last: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    @torch.compiler.disable  # runs after a compiled forward: its outputs copied out of the graph
+    @torch.compiler.disable  # runs after a compiled forward, on its outputs
     def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if last:  # this call's last input token was sampled from the previous call's row
             logits, lse = last.pop()
             y = ids[:, -1:].to(logits.device)
             steps.append(logits.gather(-1, y)[:, 0] - lse)
-        last.append((out.logits[:, -1].detach(), out.lse[:, -1].detach()))
+        # copies: a CUDA-graph replay (the static cache's compiled decode) writes the next
+        # step's outputs into the same buffers before this row's token is known
+        last.append((out.logits[:, -1].detach().clone(), out.lse[:, -1].detach().clone()))
 
     handle = model.register_forward_hook(hook, with_kwargs=True)
     try:
