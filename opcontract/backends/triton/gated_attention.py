@@ -255,10 +255,14 @@ _ONES: dict[torch.device, torch.Tensor] = {}
 
 
 def _ones(n: int, device: torch.device) -> torch.Tensor:
-    """n int32 ones on ``device``: a view of one shared buffer (never written)."""
+    """n int32 ones on ``device``: a view of one shared buffer (never written). A buffer
+    first needed while a CUDA graph is captured is that graph's own (its fill runs when the
+    graph replays; its memory is the graph's pool), so it is not kept for other calls."""
     buf = _ONES.get(device)
     if buf is None or buf.numel() < n:
-        buf = _ONES[device] = torch.ones(max(n, 4096), dtype=torch.int32, device=device)
+        buf = torch.ones(max(n, 4096), dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _ONES[device] = buf
     return buf[:n]
 
 
