@@ -120,6 +120,33 @@ def test_a_chunked_prefill_then_decode_by_hand():
     assert cache.lengths.tolist() == [n + 3 for n in LENS]  # real tokens only
 
 
+def test_eager_and_compiled_steps_share_one_cache():
+    """Eager steps keep a host copy of the lengths (their index inputs on the host); a
+    compiled step moves only the device copy, and the next eager step reads it back. Steps
+    of both kinds in turn: the training log-probs."""
+    torch._dynamo.reset()
+    model = apply_opcontract(tiny_muse_glimmer(), backend="torch")
+    ids, mask = left_padded(LENS)
+    cache = _cache(model, length=40)
+    compiled_model = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+        assert cache._host_len == LENS
+        seq, full, lps = ids, mask, []
+        for fn in (compiled_model, compiled_model, model, compiled_model, model):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            lps.append(out.logits[:, -1].gather(-1, nxt)[:, 0] - out.lse[:, -1])
+            seq = torch.cat([seq, nxt], dim=1)
+            full = torch.cat([full, torch.ones_like(nxt)], dim=1)
+            out = fn(input_ids=nxt, past_key_values=cache)
+            host = cache._host_len
+            assert (host is None) == (fn is compiled_model)
+            assert host is None or host == cache.lengths.tolist()
+        train = token_logprobs(model, seq, full)[:, ids.shape[1] - 1 :]
+    assert torch.equal(torch.stack(lps, dim=1), train)
+    assert cache.get_seq_length() == full.shape[1]
+
+
 def _cache(model, B: int = 4, length: int = 16) -> OpcontractStaticCache:
     return OpcontractStaticCache(model.config, batch_size=B, max_cache_len=length,
                                  device="cpu", dtype=torch.float32, backend="torch")  # fmt: skip

@@ -40,16 +40,21 @@ class CacheStep:
     """One forward's new tokens, computed once for every layer (see ``begin``).
 
     ``positions`` [B * L] int64 (-1 at padding: no query there), ``seq`` [B * L] each row's
-    sequence, ``key_len`` [B] every sequence's length after the step, ``rows`` the store row
-    of each real token, ``real`` (batch rows, columns) of the real tokens where some new
-    column is padding (None: every one is real, in order)."""
+    sequence, ``key_len`` [B] every sequence's length after the step and ``table`` the block
+    table: the op's index inputs, all on the host (an eager step: the op checks them without
+    a wait) or all on the device (a compiled one). ``rows`` the store row of each real token
+    (on the device), ``real`` (batch rows, columns) of the real tokens where some new column
+    is padding (None: every one is real, in order), ``host_len`` the lengths after the step
+    as a list (an eager step's, for the cache's host copy)."""
 
     positions: torch.Tensor
     seq: torch.Tensor
     key_len: torch.Tensor
+    table: torch.Tensor
     rows: torch.Tensor
     real: tuple[torch.Tensor, torch.Tensor] | None
     columns: int
+    host_len: list[int] | None = None
 
 
 def require(ok: torch.Tensor, message: str) -> None:
@@ -102,6 +107,10 @@ class OpcontractStaticCache(Cache):
         first = torch.arange(batch_size, device=dev) * self.blocks
         self.table = (first[:, None] + torch.arange(self.blocks, device=dev)) * BLOCK
         self.first_row = first * BLOCK
+        # host copies for eager steps (None: unknown, a compiled step moved the device ones)
+        self.host_table = self.table.cpu()
+        self._host_len: list[int] | None = [0] * batch_size
+        self._host_columns: int | None = 0
         if not torch.compiler.is_compiling():  # fixed addresses: no copy, no CUDA graph skip
             for t in (*self.keys, *self.values, self.lengths, self.columns, self.table,
                       self.first_row):  # fmt: skip
@@ -122,9 +131,11 @@ class OpcontractStaticCache(Cache):
 
     # -- what generate() and the mask utilities read
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Columns (real and padding) stepped so far: read back from the device (generate()
-        asks once, before its prefill; a compiled step never does)."""
-        return int(self.columns)
+        """Columns (real and padding) stepped so far: the host copy, else read back from the
+        device after compiled steps (a compiled step never asks)."""
+        if self._host_columns is None:
+            self._host_columns = int(self.columns)
+        return self._host_columns
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         return self.get_seq_length(layer_idx)
@@ -174,6 +185,13 @@ class OpcontractStaticCache(Cache):
         """Empty every sequence (in place: the stores keep their addresses)."""
         self.lengths.zero_()
         self.columns.zero_()
+        self._host_len, self._host_columns = [0] * self.sequences, 0
+
+    def _lengths(self) -> list[int]:
+        """Each sequence's length on the host: the host copy, else read back once."""
+        if self._host_len is None:
+            self._host_len = self.lengths.tolist()
+        return self._host_len
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         raise NotImplementedError("OpcontractStaticCache: beam search is not supported")
@@ -190,8 +208,9 @@ class OpcontractStaticCache(Cache):
         if B != self.sequences:
             raise ValueError(f"OpcontractStaticCache holds {self.sequences} sequences, got a "
                              f"batch of {B}")  # fmt: skip
-        if mask is not None and not torch.compiler.is_compiling():
-            return self._host_step(mask, B, L)
+        if not torch.compiler.is_compiling():
+            return self._host_step(mask, B, L) if mask is not None else self._eager_step(B, L)
+        self._host_len = self._host_columns = None  # the device copies move on alone
         if mask is not None:
             m = mask.to(torch.bool)
             require(m[:, -L:].all() & (m.sum(dim=1) == self.lengths + L).all(),
@@ -204,7 +223,24 @@ class OpcontractStaticCache(Cache):
                 f"step would pass it")  # fmt: skip
         rows = (self.first_row[:, None] + pos).reshape(-1)
         seq = torch.arange(B * L, device=self.device) // L
-        return CacheStep(pos.reshape(-1), seq, key_len, rows, None, L)
+        return CacheStep(pos.reshape(-1), seq, key_len, self.table, rows, None, L)
+
+    def _eager_step(self, B: int, L: int) -> CacheStep:
+        """Every new column real, not compiled: the positions from the host copy of the
+        lengths, the op's index inputs on the host (checked there without a wait), the store
+        rows copied over without a wait."""
+        lens = self._lengths()
+        top = max(lens) + L
+        if top > self.max_cache_len:
+            raise ValueError(f"OpcontractStaticCache holds {self.max_cache_len} positions a "
+                             f"sequence; this step needs {top}")  # fmt: skip
+        pos = [n + j for n in lens for j in range(L)]
+        rows = [b * self.max_cache_len + p for b, n in enumerate(lens) for p in range(n, n + L)]
+        after = [n + L for n in lens]
+        seq = torch.arange(B).repeat_interleave(L) if L > 1 else torch.arange(B)
+        rows_dev = torch.tensor(rows).to(self.device, non_blocking=True)
+        return CacheStep(torch.tensor(pos), seq, torch.tensor(after), self.host_table, rows_dev,
+                         None, L, after)  # fmt: skip
 
     def _host_step(self, mask: torch.Tensor, B: int, L: int) -> CacheStep:
         seen = self.get_seq_length()
@@ -213,7 +249,7 @@ class OpcontractStaticCache(Cache):
                              f"expected [{B}, {seen} cached + {L} new columns]")  # fmt: skip
         grid = positions_from_mask(mask.cpu())
         before = (grid[:, :seen] >= 0).sum(dim=1)
-        if not torch.equal(before, self.lengths.cpu()):
+        if before.tolist() != self._lengths():
             raise ValueError("OpcontractStaticCache: the attention mask's real tokens before "
                              "the new columns are not the ones the cache holds")  # fmt: skip
         grid = grid[:, seen:]
@@ -224,10 +260,11 @@ class OpcontractStaticCache(Cache):
         r, c = (grid >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
         rows = r * self.max_cache_len + grid[r, c]
         seq = torch.arange(B).repeat_interleave(L)
-        dev = self.device
-        real = None if r.numel() == B * L else (r.to(dev), c.to(dev))
-        return CacheStep(grid.reshape(-1).to(dev), seq.to(dev), key_len.to(dev), rows.to(dev),
-                         real, L)  # fmt: skip
+        dev, nb = self.device, True  # host tensors copied without a wait
+        real = None if r.numel() == B * L else (r.to(dev, non_blocking=nb),
+                                                c.to(dev, non_blocking=nb))  # fmt: skip
+        return CacheStep(grid.reshape(-1), seq, key_len, self.host_table,
+                         rows.to(dev, non_blocking=nb), real, L, key_len.tolist())  # fmt: skip
 
     def attend(self, layer_idx: int, step: CacheStep, q, k, v, gate, *, scale: float | None):
         """Write this step's real keys and values of one layer, then attend over the layer's
@@ -244,11 +281,16 @@ class OpcontractStaticCache(Cache):
         kind = self.kinds[layer_idx]
         out = self._op(q.reshape(B * L, *q.shape[2:]), keys, values,
                        gate.reshape(B * L, *gate.shape[2:]), step.positions, step.seq,
-                       self.table, step.key_len, layer=kind,
+                       step.table, step.key_len, layer=kind,
                        window=self.window if kind == "local" else None, scale=scale)  # fmt: skip
         return out.view(q.shape)
 
     def end(self, step: CacheStep) -> None:
-        """Every layer has written its keys: the lengths and columns move on."""
-        self.lengths.copy_(step.key_len)
+        """Every layer has written its keys: the lengths and columns move on (an eager
+        step's host copies with them)."""
+        self.lengths.copy_(step.key_len, non_blocking=True)
         self.columns.add_(step.columns)
+        if step.host_len is not None:
+            self._host_len = step.host_len
+            if self._host_columns is not None:
+                self._host_columns += step.columns

@@ -653,10 +653,13 @@ def _static_forward(model: nn.Module, backend: str | None, input_ids, attention_
                 "opcontract derives positions from the attention mask (cumsum(mask) - 1); the "
                 "position_ids given disagree on real tokens")  # fmt: skip
     masks = {"full_attention": None, "sliding_attention": None}  # the step carries them
+    # the stock rotary's position ids (its cos/sin are not read): the step's where they are
+    # on the model's device, else generate()'s own (from the host column count)
+    rotary = grid.clamp(min=0) if grid.device == ref.device else None
     outputs = model.model(
         input_ids=input_ids,
         attention_mask=masks,
-        position_ids=grid.clamp(min=0),
+        position_ids=rotary,
         past_key_values=cache,
         inputs_embeds=inputs_embeds,
         use_cache=True,
