@@ -1,7 +1,9 @@
 """Training and decode throughput of Muse Glimmer at real width in HF transformers, stock
-(sdpa) and patched (``apply_opcontract``, default dispatch), on the GPU.
+(sdpa), patched (``apply_opcontract``, default dispatch) and Liger's instance patch
+(``apply_liger_kernel_to_muse_glimmer``, where liger-kernel is installed), on the GPU.
 
     python benchmarks/hf_throughput_gpu.py --out results.json [--layers 4]
+        [--providers stock,opcontract,liger]
 
 Training: one sequence of T tokens, ``model(input_ids, labels=input_ids)`` then
 ``loss.backward()`` (no optimizer step), median of 3 timed steps after one warm-up; tokens/s
@@ -81,26 +83,25 @@ def main() -> None:
     ap.add_argument("--train", default="4096,8192")
     ap.add_argument("--decode", default="1,16")
     ap.add_argument("--decode-modes", default="eager,static")
+    ap.add_argument("--providers", default="stock,opcontract,liger")
     ap.add_argument("--note", default="", help="e.g. the tree the run measured")
     a = ap.parse_args()
     import transformers
-
-    from opcontract.integrations.transformers import apply_opcontract
 
     payload = {"benchmark": "hf_throughput_gpu", "env": common.env_stamp(),
                "transformers": transformers.__version__, "layers": a.layers,
                "note": a.note,
                "rows": []}  # fmt: skip
-    model = make_model(a.layers).train()
-    vocab = model.config.text_config.vocab_size
-    for patched in (False, True):
-        if patched:
-            apply_opcontract(model)
-            model.__dict__.pop("_compiled_call", None)  # the stock forward's compiled decode
-            torch._dynamo.reset()
-        cases = [("train", int(t)) for t in a.train.split(",") if t]
-        cases += [(f"decode-{m}", int(b)) for m in a.decode_modes.split(",") if m
-                  for b in a.decode.split(",") if b]  # fmt: skip
+    cases = [("train", int(t)) for t in a.train.split(",") if t]
+    cases += [(f"decode-{m}", int(b)) for m in a.decode_modes.split(",") if m
+              for b in a.decode.split(",") if b]  # fmt: skip
+    model = None
+    for provider in a.providers.split(","):
+        model = provider_model(provider, model, a.layers)
+        if model is None:
+            payload["rows"].append(dict(provider=provider, error="unavailable"))
+            continue
+        vocab = model.config.text_config.vocab_size
         for mode, n in cases:
             try:
                 if mode == "train":
@@ -111,11 +112,46 @@ def main() -> None:
                     row = decode_row(model, n, vocab, cache=mode.split("-")[1])
             except Exception as e:  # noqa: BLE001
                 row = dict(mode=mode, n=n, error=f"{type(e).__name__}: {e}"[:600])
-            row["provider"] = "opcontract" if patched else "stock (sdpa)"
+            row["provider"] = PROVIDERS[provider]
             payload["rows"].append(row)
             print(row, flush=True)
             common.write(a.out, payload)
             torch.cuda.empty_cache()
+    common.write(a.out, payload)
+
+
+PROVIDERS = {"stock": "stock (sdpa)", "opcontract": "opcontract",
+             "liger": "liger (apply_liger_kernel_to_muse_glimmer)"}  # fmt: skip
+
+
+def provider_model(provider: str, previous, layers: int):
+    """The model a provider runs: stock a fresh one; opcontract the previous model patched
+    (stock's, so both run the same weights) or a fresh one; liger a fresh one patched by
+    Liger's instance patch (last: it also replaces module-level classes). None: unavailable."""
+    from opcontract.integrations.transformers import apply_opcontract, is_patched
+
+    if previous is not None:
+        previous.__dict__.pop("_compiled_call", None)  # the last provider's compiled decode
+    torch._dynamo.reset()
+    if provider == "stock":
+        return make_model(layers).train()
+    if provider == "opcontract":
+        if previous is None or is_patched(previous) or hasattr(previous, "_liger"):
+            previous = make_model(layers).train()
+        return apply_opcontract(previous)
+    if provider == "liger":
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_muse_glimmer
+        except ImportError as e:
+            print("liger unavailable:", repr(e)[:200], flush=True)
+            return None
+        del previous
+        torch.cuda.empty_cache()
+        model = make_model(layers).train()
+        apply_liger_kernel_to_muse_glimmer(model=model)
+        model._liger = True
+        return model
+    raise SystemExit(f"unknown provider {provider!r}; known: {sorted(PROVIDERS)}")
 
 
 if __name__ == "__main__":
