@@ -97,7 +97,11 @@ def main() -> None:
               for b in a.decode.split(",") if b]  # fmt: skip
     model = None
     for provider in a.providers.split(","):
-        model = provider_model(provider, model, a.layers)
+        try:
+            model = provider_model(provider, model, a.layers)
+        except Exception as e:  # noqa: BLE001
+            model = None
+            print(f"{provider}: {type(e).__name__}: {e}"[:600], flush=True)
         if model is None:
             payload["rows"].append(dict(provider=provider, error="unavailable"))
             continue
