@@ -98,6 +98,16 @@ def test_vocab_parallel_head_gives_the_one_rank_bits(world, kv_policy, dtype, tm
         assert res["provenance"]["head"] == "vocab"
 
 
+def test_sharded_rollout_with_the_static_cache(tmp_path):
+    """generate(cache_implementation="static") at TP 2: each rank's static cache holds its
+    share of the KV heads (made at the first step), and the completions and their log-probs
+    are the one-rank training bits."""
+    one = selfcheck.rollout(None, torch.float32)
+    for r, res in enumerate(run(2, tmp_path, what="rollout", cache_implementation="static")):
+        assert torch.equal(res["sequences"], one["sequences"]), f"rank {r}"
+        assert torch.equal(res["rollout"], one["train"]), f"rank {r}"
+
+
 def test_vocab_parallel_rollout_equals_training(tmp_path):
     one = selfcheck.rollout(None, torch.bfloat16, vocab=104, head="vocab")
     assert torch.equal(one["rollout"], one["train"])

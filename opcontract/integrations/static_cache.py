@@ -98,10 +98,11 @@ class OpcontractStaticCache(Cache):
         self.dtype = dtype
         self.device = torch.empty(0, device=device).device
         self._op = _attention._fn(backend, None)
-        shape = (batch_size * self.max_cache_len, text.num_key_value_heads, text.head_dim)
         dev = self.device
-        self.keys = [torch.zeros(shape, dtype=dtype, device=dev) for _ in self.kinds]
-        self.values = [torch.zeros(shape, dtype=dtype, device=dev) for _ in self.kinds]
+        # each layer's stores, made at its first step with the heads its attention gives
+        # (a tensor-parallel rank's share): [batch x max_cache_len, heads, head_dim]
+        self.keys: list[torch.Tensor | None] = [None] * len(self.kinds)
+        self.values: list[torch.Tensor | None] = [None] * len(self.kinds)
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=dev)
         self.columns = torch.zeros((), dtype=torch.int64, device=dev)  # real and padding
         first = torch.arange(batch_size, device=dev) * self.blocks
@@ -112,8 +113,7 @@ class OpcontractStaticCache(Cache):
         self._host_len: list[int] | None = [0] * batch_size
         self._host_columns: int | None = 0
         if not torch.compiler.is_compiling():  # fixed addresses: no copy, no CUDA graph skip
-            for t in (*self.keys, *self.values, self.lengths, self.columns, self.table,
-                      self.first_row):  # fmt: skip
+            for t in (self.lengths, self.columns, self.table, self.first_row):
                 torch._dynamo.mark_static_address(t)
 
     def __len__(self) -> int:
@@ -275,7 +275,7 @@ class OpcontractStaticCache(Cache):
             k_new, v_new = k.reshape(B * L, *k.shape[2:]), v.reshape(B * L, *v.shape[2:])
         else:
             k_new, v_new = k[step.real], v[step.real]
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys, values = self._stores(layer_idx, k)
         keys.index_copy_(0, step.rows, k_new)
         values.index_copy_(0, step.rows, v_new)
         kind = self.kinds[layer_idx]
@@ -284,6 +284,28 @@ class OpcontractStaticCache(Cache):
                        step.table, step.key_len, layer=kind,
                        window=self.window if kind == "local" else None, scale=scale)  # fmt: skip
         return out.view(q.shape)
+
+    def _stores(self, layer_idx: int, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's key and value stores, made at its first step (an eager prefill: their
+        addresses then stay fixed for torch.compile)."""
+        keys = self.keys[layer_idx]
+        shape = (self.sequences * self.max_cache_len, *k.shape[2:])
+        if keys is None:
+            if k.dtype != self.dtype or k.device != self.device:
+                raise ValueError(
+                    f"OpcontractStaticCache holds {self.dtype} on {self.device}; layer "
+                    f"{layer_idx}'s keys are {k.dtype} on {k.device}"
+                )
+            keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            values = torch.zeros_like(keys)
+            if not torch.compiler.is_compiling():
+                torch._dynamo.mark_static_address(keys)
+                torch._dynamo.mark_static_address(values)
+            self.keys[layer_idx], self.values[layer_idx] = keys, values
+        elif tuple(keys.shape) != shape:
+            raise ValueError(f"OpcontractStaticCache layer {layer_idx} holds keys of "
+                             f"{tuple(keys.shape[1:])}, got {tuple(k.shape[2:])}")  # fmt: skip
+        return keys, self.values[layer_idx]
 
     def end(self, step: CacheStep) -> None:
         """Every layer has written its keys: the lengths and columns move on (an eager

@@ -79,9 +79,11 @@ def step(mesh, dtype: torch.dtype, *, shard: bool = True, vocab: int = 97, conte
                 seconds=seconds, trace=trace)  # fmt: skip
 
 
-def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, vocab: int = 97, **kw) -> dict:
+def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, vocab: int = 97,
+            cache_implementation: str | None = None, **kw) -> dict:  # fmt: skip
     """Greedy ``generate_with_logprobs`` of the tiny patched model sharded over ``mesh`` (None:
-    one rank), and a training forward's log-probs of the same completions."""
+    one rank), with generate()'s ``cache_implementation``, and a training forward's log-probs
+    of the same completions."""
     from opcontract.integrations.tiny import left_padded, tiny_muse_glimmer
     from opcontract.integrations.transformers import (
         apply_opcontract,
@@ -93,7 +95,8 @@ def rollout(mesh, dtype: torch.dtype, *, new_tokens: int = 6, vocab: int = 97, *
     model = apply_opcontract(tiny_muse_glimmer(dtype, seed=0, vocab=vocab), backend="torch")
     parallelize_muse_glimmer(model, mesh, **kw)
     ids, mask = left_padded(STEP_LENGTHS, vocab=vocab)
-    ro = generate_with_logprobs(model, ids, mask, max_new_tokens=new_tokens, do_sample=False)
+    ro = generate_with_logprobs(model, ids, mask, max_new_tokens=new_tokens, do_sample=False,
+                                cache_implementation=cache_implementation)  # fmt: skip
     with torch.no_grad():
         train = token_logprobs(model, ro.sequences, ro.attention_mask)[:, ids.shape[1] - 1 :]
     return dict(sequences=ro.sequences, rollout=ro.logprobs, train=train)
