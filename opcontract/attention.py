@@ -239,7 +239,7 @@ class PagedKVCache:
                 self._table = None
             rows.append(blocks[b] + p % BLOCK)
         if rows:  # built on the host, copied without waiting for the GPU's queue
-            idx = torch.tensor(rows).to(self.device, non_blocking=True)
+            idx = on_device(torch.tensor(rows), self.device)
             self.k.index_copy_(0, idx, k)
             self.v.index_copy_(0, idx, v)
         for _, s, p in tokens:

@@ -9,11 +9,20 @@ import numpy as np
 import torch
 
 
-def on_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+def on_device(t: torch.Tensor | None, device: torch.device | str) -> torch.Tensor | None:
     """``t`` on ``device``: a host tensor copied without waiting for the GPU's queue (the
-    copy is ordered before any kernel launched after it on the current stream)."""
+    copy is ordered before any kernel launched after it on the current stream).
+
+    A host tensor bound for a GPU goes through pinned memory first: from pageable memory
+    the driver may wait for the stream to drain before it stages the copy (CUDA's "API
+    synchronization behavior"), so each such copy of a decode step could hold the host until
+    the GPU caught up. PyTorch's pinned-memory cache keeps the staging block until the copy
+    has run."""
     if t is None or t.device == device:
         return t
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
     return t.to(device, non_blocking=True)
 
 
@@ -22,7 +31,7 @@ def on_device_int32(tensors: tuple[torch.Tensor, ...], device: torch.device) -> 
     once, each returned as a view of its shape. For index inputs that kernels read as int32
     anyway (a per-tensor copy costs the host several microseconds each)."""
     flat = np.concatenate([t.numpy().reshape(-1).astype(np.int32, copy=False) for t in tensors])
-    packed = torch.from_numpy(flat).to(device, non_blocking=True)
+    packed = on_device(torch.from_numpy(flat), device)
     out, at = [], 0
     for t in tensors:
         n = t.numel()

@@ -30,6 +30,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from opcontract import attention as _attention
+from opcontract.backends.placement import on_device
 from opcontract.integrations.positions import positions_from_mask
 
 BLOCK = _attention.BLOCK
@@ -238,7 +239,7 @@ class OpcontractStaticCache(Cache):
         rows = [b * self.max_cache_len + p for b, n in enumerate(lens) for p in range(n, n + L)]
         after = [n + L for n in lens]
         seq = torch.arange(B).repeat_interleave(L) if L > 1 else torch.arange(B)
-        rows_dev = torch.tensor(rows).to(self.device, non_blocking=True)
+        rows_dev = on_device(torch.tensor(rows), self.device)
         return CacheStep(torch.tensor(pos), seq, torch.tensor(after), self.host_table, rows_dev,
                          None, L, after)  # fmt: skip
 
@@ -260,11 +261,10 @@ class OpcontractStaticCache(Cache):
         r, c = (grid >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
         rows = r * self.max_cache_len + grid[r, c]
         seq = torch.arange(B).repeat_interleave(L)
-        dev, nb = self.device, True  # host tensors copied without a wait
-        real = None if r.numel() == B * L else (r.to(dev, non_blocking=nb),
-                                                c.to(dev, non_blocking=nb))  # fmt: skip
-        return CacheStep(grid.reshape(-1), seq, key_len, self.host_table,
-                         rows.to(dev, non_blocking=nb), real, L, key_len.tolist())  # fmt: skip
+        dev = self.device
+        real = None if r.numel() == B * L else (on_device(r, dev), on_device(c, dev))
+        return CacheStep(grid.reshape(-1), seq, key_len, self.host_table, on_device(rows, dev),
+                         real, L, key_len.tolist())  # fmt: skip
 
     def attend(self, layer_idx: int, step: CacheStep, q, k, v, gate, *, scale: float | None):
         """Write this step's real keys and values of one layer, then attend over the layer's
@@ -310,7 +310,7 @@ class OpcontractStaticCache(Cache):
     def end(self, step: CacheStep) -> None:
         """Every layer has written its keys: the lengths and columns move on (an eager
         step's host copies with them)."""
-        self.lengths.copy_(step.key_len, non_blocking=True)
+        self.lengths.copy_(on_device(step.key_len, self.device))
         self.columns.add_(step.columns)
         if step.host_len is not None:
             self._host_len = step.host_len

@@ -48,6 +48,7 @@ from transformers.models.muse_glimmer import modeling_muse_glimmer as mg
 
 from opcontract import attention as _attention
 from opcontract import dispatch
+from opcontract.backends.placement import on_device
 from opcontract.integrations.positions import positions_from_mask
 from opcontract.integrations.static_cache import CacheStep, OpcontractStaticCache, require
 from opcontract.outputs import LogprobOutput
@@ -172,9 +173,8 @@ class OpcontractKVCache(Cache):
             return hit[3]
         grid = positions_from_mask(src.cpu())[:, seen:]  # the host copy as it is
         rows, cols = (grid >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
-        nb = True  # host tensors copied without a wait for the GPU's queue
-        found = (rows, grid[rows, cols], rows.to(device, non_blocking=nb),
-                 cols.to(device, non_blocking=nb), grid)  # fmt: skip
+        found = (rows, grid[rows, cols], on_device(rows, device), on_device(cols, device),
+                 grid)  # fmt: skip
         self._tokens = (src, seen, device, found)
         return found
 
