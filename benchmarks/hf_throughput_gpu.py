@@ -3,7 +3,8 @@
 (``apply_liger_kernel_to_muse_glimmer``, where liger-kernel is installed), on the GPU.
 
     python benchmarks/hf_throughput_gpu.py --out results.json [--layers 4]
-        [--providers stock,opcontract,liger]
+        [--providers stock,opcontract,liger]   (also: opcontract-pageable, the index copies
+                                                from pageable memory, as before pinned staging)
 
 Training: one sequence of T tokens, ``model(input_ids, labels=input_ids)`` then
 ``loss.backward()`` (no optimizer step), median of 3 timed steps after one warm-up; tokens/s
@@ -125,6 +126,7 @@ def main() -> None:
 
 
 PROVIDERS = {"stock": "stock (sdpa)", "opcontract": "opcontract",
+             "opcontract-pageable": "opcontract, index copies from pageable memory",
              "liger": "liger (apply_liger_kernel_to_muse_glimmer)"}  # fmt: skip
 
 
@@ -132,17 +134,20 @@ def provider_model(provider: str, previous, layers: int):
     """The model a provider runs: stock a fresh one; opcontract the previous model patched
     (stock's, so both run the same weights) or a fresh one; liger a fresh one patched by
     Liger's instance patch (last: it also replaces module-level classes). None: unavailable."""
-    from opcontract.integrations.transformers import apply_opcontract, is_patched
+    from opcontract.integrations.transformers import apply_opcontract
 
     if previous is not None:
         previous.__dict__.pop("_compiled_call", None)  # the last provider's compiled decode
     torch._dynamo.reset()
     if provider == "stock":
         return make_model(layers).train()
-    if provider == "opcontract":
-        if previous is None or is_patched(previous) or hasattr(previous, "_liger"):
+    from opcontract.backends import placement
+
+    placement.PINNED_STAGING = provider != "opcontract-pageable"  # the change, measured
+    if provider in ("opcontract", "opcontract-pageable"):
+        if previous is None or hasattr(previous, "_liger"):
             previous = make_model(layers).train()
-        return apply_opcontract(previous)
+        return apply_opcontract(previous)  # a patched model is returned as it is
     if provider == "liger":
         try:
             from liger_kernel.transformers import apply_liger_kernel_to_muse_glimmer

@@ -121,6 +121,7 @@ for s in "$@"; do
                 "$TREE/tests/test_hf_static_cache.py" -p no:cacheprovider
             stage hf-static 500 python3 benchmarks/hf_throughput_gpu.py --train "" \
                 --decode "${DECODE:-1,16,64}" --decode-modes "${DECODE_MODES:-eager,static}" \
+                --providers "${PROVIDERS:-stock,opcontract,opcontract-pageable,liger}" \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/hf_decode_static_h200.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+PINNED_STAGING = True  # False: copy from pageable memory as before (to measure the change)
+
 
 def on_device(t: torch.Tensor | None, device: torch.device | str) -> torch.Tensor | None:
     """``t`` on ``device``: a host tensor copied without waiting for the GPU's queue (the
@@ -21,7 +23,7 @@ def on_device(t: torch.Tensor | None, device: torch.device | str) -> torch.Tenso
     if t is None or t.device == device:
         return t
     device = torch.device(device)
-    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+    if PINNED_STAGING and device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
 
