@@ -95,7 +95,7 @@ class OpcontractStaticCache(Cache):
         self.backend = backend
         self.sequences = batch_size
         self.blocks = max(1, -(-max_cache_len // BLOCK))
-        self.max_cache_len = self.blocks * BLOCK
+        self.capacity = self.blocks * BLOCK  # positions a sequence: whole key blocks
         self.dtype = dtype
         self.device = torch.empty(0, device=device).device
         self._op = _attention._fn(backend, None)
@@ -122,11 +122,11 @@ class OpcontractStaticCache(Cache):
 
     def __repr__(self) -> str:
         return (f"OpcontractStaticCache(layers={len(self.kinds)}, batch={self.sequences}, "
-                f"max_cache_len={self.max_cache_len})")  # fmt: skip
+                f"max_cache_len={self.capacity})")  # fmt: skip
 
     def fits(self, batch_size: int, max_cache_len: int, device, dtype) -> bool:
         """Whether this cache can serve a generate() call of these sizes (after ``reset``)."""
-        return (batch_size == self.sequences and max_cache_len <= self.max_cache_len
+        return (batch_size == self.sequences and max_cache_len <= self.capacity
                 and torch.empty(0, device=device).device == self.device
                 and dtype == self.dtype)  # fmt: skip
 
@@ -142,17 +142,21 @@ class OpcontractStaticCache(Cache):
         return self.get_seq_length(layer_idx)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
-        return self.max_cache_len, 0
+        return self.capacity, 0
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
-        return self.max_cache_len
+        return self.capacity
 
     def get_max_cache_shape(self, layer_idx: int = 0) -> int:
-        return self.max_cache_len
+        return self.capacity
 
     @property
     def batch_size(self) -> int:
         return self.sequences
+
+    @property
+    def max_cache_len(self) -> int:
+        return self.capacity
 
     @property
     def is_initialized(self) -> bool:
@@ -219,8 +223,8 @@ class OpcontractStaticCache(Cache):
                     "columns are all real tokens, after the columns it holds")  # fmt: skip
         pos = self.lengths[:, None] + torch.arange(L, device=self.device)
         key_len = self.lengths + L
-        require(key_len.max() <= self.max_cache_len,
-                f"OpcontractStaticCache holds {self.max_cache_len} positions a sequence; a "
+        require(key_len.max() <= self.capacity,
+                f"OpcontractStaticCache holds {self.capacity} positions a sequence; a "
                 f"step would pass it")  # fmt: skip
         rows = (self.first_row[:, None] + pos).reshape(-1)
         seq = torch.arange(B * L, device=self.device) // L
@@ -232,11 +236,11 @@ class OpcontractStaticCache(Cache):
         rows copied over without a wait."""
         lens = self._lengths()
         top = max(lens) + L
-        if top > self.max_cache_len:
-            raise ValueError(f"OpcontractStaticCache holds {self.max_cache_len} positions a "
+        if top > self.capacity:
+            raise ValueError(f"OpcontractStaticCache holds {self.capacity} positions a "
                              f"sequence; this step needs {top}")  # fmt: skip
         pos = [n + j for n in lens for j in range(L)]
-        rows = [b * self.max_cache_len + p for b, n in enumerate(lens) for p in range(n, n + L)]
+        rows = [b * self.capacity + p for b, n in enumerate(lens) for p in range(n, n + L)]
         after = [n + L for n in lens]
         seq = torch.arange(B).repeat_interleave(L) if L > 1 else torch.arange(B)
         rows_dev = on_device(torch.tensor(rows), self.device)
@@ -255,11 +259,11 @@ class OpcontractStaticCache(Cache):
                              "the new columns are not the ones the cache holds")  # fmt: skip
         grid = grid[:, seen:]
         key_len = torch.maximum(grid.max(dim=1).values + 1, before)
-        if int(key_len.max()) > self.max_cache_len:
-            raise ValueError(f"OpcontractStaticCache holds {self.max_cache_len} positions a "
+        if int(key_len.max()) > self.capacity:
+            raise ValueError(f"OpcontractStaticCache holds {self.capacity} positions a "
                              f"sequence; this step needs {int(key_len.max())}")  # fmt: skip
         r, c = (grid >= 0).nonzero(as_tuple=True)  # row-major: each row's tokens in order
-        rows = r * self.max_cache_len + grid[r, c]
+        rows = r * self.capacity + grid[r, c]
         seq = torch.arange(B).repeat_interleave(L)
         dev = self.device
         real = None if r.numel() == B * L else (on_device(r, dev), on_device(c, dev))
@@ -289,7 +293,7 @@ class OpcontractStaticCache(Cache):
         """The layer's key and value stores, made at its first step (an eager prefill: their
         addresses then stay fixed for torch.compile)."""
         keys = self.keys[layer_idx]
-        shape = (self.sequences * self.max_cache_len, *k.shape[2:])
+        shape = (self.sequences * self.capacity, *k.shape[2:])
         if keys is None:
             if k.dtype != self.dtype or k.device != self.device:
                 raise ValueError(
