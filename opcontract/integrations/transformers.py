@@ -43,6 +43,7 @@ from torch import nn
 from transformers import AttentionInterface, masking_utils
 from transformers.cache_utils import Cache
 from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.muse_glimmer import modeling_muse_glimmer as mg
 
@@ -451,14 +452,20 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
     attn.forward = types.MethodType(forward, attn)
 
 
+# whether a patched layer checkpoints itself: not where the layer's __call__ already does
+_SELF_CHECKPOINT = "__call__" not in GradientCheckpointingLayer.__dict__
+
+
 def _patch_decoder_layer(layer: nn.Module, backend: str | None) -> None:
     """The sandwich order of the stock layer; the residual add after attention and the
     pre-feed-forward norm become one fused_add_rms_norm (same sum: float32, rounded once).
 
     Gradient checkpointing (``model.gradient_checkpointing_enable()``, TRL's default) is
-    carried over: the stock layer checkpoints its class ``forward``, which this instance
-    forward replaces, so it checkpoints itself through the same ``_gradient_checkpointing_func``.
-    The recompute runs the same ops on the same inputs: the same bits."""
+    carried over: where the stock layer checkpoints its class ``forward`` (transformers 5.2x),
+    which this instance forward replaces, it checkpoints itself through the same
+    ``_gradient_checkpointing_func``; where the layer's ``__call__`` checkpoints (5.17), that
+    one does, around this forward. The recompute runs the same ops on the same inputs: the
+    same bits."""
     add_norm = dispatch.op("fused_add_rms_norm", backend=backend)
 
     def body(self: nn.Module, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -473,7 +480,7 @@ def _patch_decoder_layer(layer: nn.Module, backend: str | None) -> None:
         return residual + m
 
     def forward(self: nn.Module, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        if getattr(self, "gradient_checkpointing", False) and self.training:
+        if _SELF_CHECKPOINT and getattr(self, "gradient_checkpointing", False) and self.training:
             if kwargs.get("past_key_values") is not None:
                 raise ValueError(
                     "past_key_values with gradient checkpointing: the recompute would write "
