@@ -27,10 +27,10 @@ import dataclasses
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache
 
 from opcontract import attention as _attention
 from opcontract.backends.placement import on_device
+from opcontract.integrations.cache_base import LayerKindsCache
 from opcontract.integrations.positions import positions_from_mask
 
 BLOCK = _attention.BLOCK
@@ -68,7 +68,7 @@ def require(ok: torch.Tensor, message: str) -> None:
         raise ValueError(message)
 
 
-class OpcontractStaticCache(Cache):
+class OpcontractStaticCache(LayerKindsCache):
     """A transformers ``Cache`` of fixed size for a patched model (``is_compileable``): one
     key and one value store per decoder layer, one sequence per batch row, the lengths on the
     device. Only real tokens (mask 1) are stored, at their mask-derived positions.
@@ -88,11 +88,7 @@ class OpcontractStaticCache(Cache):
         dtype: torch.dtype,
         backend: str | None = None,
     ) -> None:
-        super().__init__(layers=[])
-        text = config.get_text_config(decoder=True)
-        self.kinds = ["local" if t == "sliding_attention" else "global" for t in text.layer_types]
-        self.window = text.sliding_window
-        self.backend = backend
+        super().__init__(config, backend)
         self.sequences = batch_size
         self.blocks = max(1, -(-max_cache_len // BLOCK))
         self.capacity = self.blocks * BLOCK  # positions a sequence: whole key blocks
@@ -117,9 +113,6 @@ class OpcontractStaticCache(Cache):
             for t in (self.lengths, self.columns, self.table, self.first_row):
                 torch._dynamo.mark_static_address(t)
 
-    def __len__(self) -> int:
-        return len(self.kinds)
-
     def __repr__(self) -> str:
         return (f"OpcontractStaticCache(layers={len(self.kinds)}, batch={self.sequences}, "
                 f"max_cache_len={self.capacity})")  # fmt: skip
@@ -137,9 +130,6 @@ class OpcontractStaticCache(Cache):
         if self._host_columns is None:
             self._host_columns = int(self.columns)
         return self._host_columns
-
-    def get_query_offset(self, layer_idx: int = 0) -> int:
-        return self.get_seq_length(layer_idx)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         return self.capacity, 0
@@ -166,26 +156,6 @@ class OpcontractStaticCache(Cache):
     def is_compileable(self) -> bool:
         return True
 
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [k == "local" for k in self.kinds]
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False] * len(self.kinds)
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * len(self.kinds)
-
-    def update(self, *args: Any, **kwargs: Any):
-        from opcontract.integrations.transformers import OpcontractPatchError
-
-        raise OpcontractPatchError(
-            "OpcontractStaticCache is written only by opcontract's patched attention; a stock "
-            "attention forward reached it (is the model patched with apply_opcontract?)"
-        )
-
     def reset(self) -> None:
         """Empty every sequence (in place: the stores keep their addresses)."""
         self.lengths.zero_()
@@ -197,12 +167,6 @@ class OpcontractStaticCache(Cache):
         if self._host_len is None:
             self._host_len = self.lengths.tolist()
         return self._host_len
-
-    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        raise NotImplementedError("OpcontractStaticCache: beam search is not supported")
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("OpcontractStaticCache: cropping is not supported")
 
     # -- a forward's step: begin (once), attend (each layer), end (once)
     def begin(self, mask: torch.Tensor | None, B: int, L: int) -> CacheStep:

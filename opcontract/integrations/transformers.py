@@ -50,6 +50,7 @@ from transformers.models.muse_glimmer import modeling_muse_glimmer as mg
 from opcontract import attention as _attention
 from opcontract import dispatch
 from opcontract.backends.placement import on_device
+from opcontract.integrations.cache_base import LayerKindsCache, OpcontractPatchError
 from opcontract.integrations.positions import positions_from_mask
 from opcontract.integrations.static_cache import CacheStep, OpcontractStaticCache, require
 from opcontract.outputs import LogprobOutput
@@ -79,10 +80,6 @@ __all__ = [
 ]
 
 
-class OpcontractPatchError(TypeError):
-    """The model is not one this patch has validated; nothing was changed."""
-
-
 def is_patched(model: nn.Module) -> bool:
     """Whether :func:`apply_opcontract` has patched ``model``."""
     return bool(getattr(model, _FLAG, False))
@@ -91,7 +88,7 @@ def is_patched(model: nn.Module) -> bool:
 # -- the KV cache generate() uses ---------------------------------------------------------
 
 
-class OpcontractKVCache(Cache):
+class OpcontractKVCache(LayerKindsCache):
     """A transformers ``Cache`` holding one :class:`opcontract.attention.PagedKVCache` per
     decoder layer, one sequence per batch row.
 
@@ -103,11 +100,7 @@ class OpcontractKVCache(Cache):
     """
 
     def __init__(self, config: Any, *, backend: str | None = None) -> None:
-        super().__init__(layers=[])
-        text = config.get_text_config(decoder=True)
-        self.kinds = ["local" if t == "sliding_attention" else "global" for t in text.layer_types]
-        self.window = text.sliding_window
-        self.backend = backend
+        super().__init__(config, backend)
         self.paged: list[_attention.PagedKVCache | None] = [None] * len(self.kinds)
         self.columns = [0] * len(self.kinds)
         self._tokens: tuple | None = None  # the last step's real tokens (see _real_tokens)
@@ -115,18 +108,12 @@ class OpcontractKVCache(Cache):
         # model's forward (set around its layers: a bare model call reads it per step)
         self._host_mask: torch.Tensor | None = None
 
-    def __len__(self) -> int:
-        return len(self.kinds)
-
     def __repr__(self) -> str:
         return f"OpcontractKVCache(layers={len(self.kinds)}, columns={self.columns[:1]})"
 
     # -- what generate() and the mask utilities read
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.columns[layer_idx] if layer_idx < len(self.columns) else 0
-
-    def get_query_offset(self, layer_idx: int = 0) -> int:
-        return self.get_seq_length(layer_idx)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         return self.get_seq_length(layer_idx) + query_length, 0
@@ -137,24 +124,6 @@ class OpcontractKVCache(Cache):
     @property
     def is_compileable(self) -> bool:
         return False
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [k == "local" for k in self.kinds]
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False] * len(self.kinds)
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * len(self.kinds)
-
-    def update(self, *args: Any, **kwargs: Any):
-        raise OpcontractPatchError(
-            "OpcontractKVCache is written only by opcontract's patched attention; a stock "
-            "attention forward reached it (is the model patched with apply_opcontract?)"
-        )
 
     def reset(self) -> None:
         self.paged = [None] * len(self.kinds)
@@ -184,12 +153,6 @@ class OpcontractKVCache(Cache):
         ``mask`` [B, columns + Lq] (padding's clamped to 0: its rows are never read)."""
         grid = self._real_tokens(mask, self.columns[layer_idx], device)[4]
         return grid.clamp(min=0).reshape(-1)
-
-    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        raise NotImplementedError("OpcontractKVCache: beam search is not supported")
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("OpcontractKVCache: cropping is not supported")
 
     # -- the attention's path
     def step(self, layer_idx: int, q, k, v, gate, mask: torch.Tensor, *, scale: float):
