@@ -613,9 +613,11 @@ def _static_forward(model: nn.Module, backend: str | None, input_ids, attention_
             "opcontract attention derives positions from a 2-D padding mask; got a "
             f"{attention_mask.dim()}-D mask"
         )
-    if attention_mask is not None and not torch.compiler.is_compiling():
-        _check_generation_mask(attention_mask)
-    step = cache.begin(attention_mask, B, L)
+    mask = attention_mask
+    if mask is not None and not torch.compiler.is_compiling():
+        mask = mask.cpu()  # one read-back: for the check and the step's positions
+        _check_generation_mask(mask)
+    step = cache.begin(mask, B, L)
     grid = step.positions.view(B, L)
     if position_ids is not None:
         got = position_ids.to(grid.device).expand_as(grid)
@@ -724,7 +726,7 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
     stock_masks = stock_masks or masking_utils.create_masks_for_generate
 
     def masks_for_generate(*args: Any, attention_mask=None, past_key_values=None,
-                                  is_first_iteration: bool = False, **kw: Any):  # fmt: skip
+                           is_first_iteration: bool = False, **kw: Any):  # fmt: skip
         """generate()'s hook for a compileable cache's masks. With an OpcontractStaticCache:
         the 2-D padding mask at the prefill (its padding is found from it), none at a decode
         step, whose one new column generate() makes real (the cache's lengths give the
