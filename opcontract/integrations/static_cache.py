@@ -206,7 +206,7 @@ class OpcontractStaticCache(LayerKindsCache):
         pos = [n + j for n in lens for j in range(L)]
         rows = [b * self.capacity + p for b, n in enumerate(lens) for p in range(n, n + L)]
         after = [n + L for n in lens]
-        seq = torch.arange(B).repeat_interleave(L) if L > 1 else torch.arange(B)
+        seq = torch.arange(B).repeat_interleave(L)
         rows_dev = on_device(torch.tensor(rows), self.device)
         return CacheStep(torch.tensor(pos), seq, torch.tensor(after), self.host_table, rows_dev,
                          None, L, after)  # fmt: skip
