@@ -99,7 +99,7 @@ CONFIG_SPACE = {
     "split": (0, 1),  # split decode: chunk partials in parallel, then the ordered merge
     "block_m": (64, 128),  # query rows (tokens x heads of a KV group) a tile
     "num_warps": (4, 8),
-    "num_stages": (1, 2),
+    "num_stages": (1, 2, 3),
     # blocks every live row of a tile sees whole skip the visibility mask (same bits); off
     # by default until measured on a GPU
     "interior": (0, 1),
