@@ -340,22 +340,31 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
                          ids=["global", "local"])  # fmt: skip
 def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
     """32 q heads on 2 KV heads, head_dim 128, bf16: the tensor cores give a token the same
-    bits in a training tile, a prefill chunk's tile and a decode tile, fused or split."""
+    bits in a training tile, a prefill chunk's tile and a decode tile, fused or split, with
+    the visibility mask on every block or only where a row doesn't see the whole block
+    (``interior``: compiled for the GPU, a bare score product next to the subtraction would
+    be contracted into an fma)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     L = 3000
     q, gate = (torch.randn(L, 32, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
     k, v = (torch.randn(L, 2, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    cu = torch.tensor([0, 1000, L])  # two sequences: a tile across their edge
+    train = attention.packed(q, k, v, gate, cu, backend="triton", **kw)
+    for cfg in ({"interior": 1}, {"interior": 1, "flat": 1}, {"num_stages": 3, "interior": 1}):
+        other = attention.packed(q, k, v, gate, cu, backend="triton", config=cfg, **kw)
+        assert torch.equal(other, train), cfg
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
-    for split in (0, 1):
+    for split, interior in ((0, 0), (1, 0), (0, 1), (1, 1)):
         cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                                        device="cuda", sequences=1, backend="triton",
-                                       config={"split": split}, **kw)  # fmt: skip
+                                       config={"split": split, "interior": interior},
+                                       **kw)  # fmt: skip
         a = 0
         for n in (1, 127, 641, 2047, 179, 1, 1, 1, 1, 1):
             r = slice(a, a + n)
             out = cache.step(torch.zeros(n, dtype=torch.long), torch.arange(a, a + n), q[r],
                              k[r], v[r], gate[r])  # fmt: skip
-            assert torch.equal(out, train[r]), (split, a, n)
+            assert torch.equal(out, train[r]), (split, interior, a, n)
             a += n
 
 

@@ -28,6 +28,21 @@ def on_device(t: torch.Tensor | None, device: torch.device | str) -> torch.Tenso
     return t.to(device, non_blocking=True)
 
 
+def may_keep(device: torch.device) -> bool:
+    """Whether a device buffer allocated now may be kept for later calls (a cache of
+    counters, a call plan's workspace). Not while a CUDA graph is captured, nor on a stream
+    other than the device's default: torch.compile's CUDA graph trees ("reduce-overhead")
+    warm a graph up on their own stream with every allocation of the thread taken from the
+    graph's private pool, and a buffer kept from there is a live allocation the graph does
+    not own, which they refuse when they record ("tensor(s) in the cudagraph pool not
+    tracked as outputs"). Off the default stream a buffer is made per call instead."""
+    if device.type != "cuda":
+        return True
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    return torch.cuda.current_stream(device) == torch.cuda.default_stream(device)
+
+
 def on_device_int32(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple:
     """Host integer tensors on ``device`` as int32, in one copy: packed on the host, copied
     once, each returned as a view of its shape. For index inputs that kernels read as int32

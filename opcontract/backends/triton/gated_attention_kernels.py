@@ -59,9 +59,10 @@ def _mm_acc(a, b, acc, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _tile_rows(tile_ptr, positions_ptr, tile, G, T, BLOCK_M: tl.constexpr):
+def _tile_rows(tile_ptr, positions_ptr, G, T, BLOCK_M: tl.constexpr):
     """(token row of each tile row, its head within the group, its position, the tile's
-    first token row, its sequence) of tile ``tile``: rows past its tokens get position -1."""
+    first token row, its sequence): rows past the tile's tokens get position -1."""
+    tile = tl.program_id(0)
     row0 = tl.load(tile_ptr + tile * 3)
     ntok = tl.load(tile_ptr + tile * 3 + 1)
     s = tl.load(tile_ptr + tile * 3 + 2)
@@ -71,14 +72,6 @@ def _tile_rows(tile_ptr, positions_ptr, tile, G, T, BLOCK_M: tl.constexpr):
     token = row0 + tok
     pos = tl.load(positions_ptr + token, mask=live & (token < T), other=-1).to(tl.int32)
     return token, r % G, pos, live, s
-
-
-@triton.jit
-def _last_first():
-    """The tile a program of a kernel over the tile table takes: the last tile first. A
-    sequence's later tiles see more keys, so the longest programs start first and the short
-    ones fill the end of the grid (no bit depends on which program takes a tile)."""
-    return tl.num_programs(0) - 1 - tl.program_id(0)
 
 
 @triton.jit
@@ -118,7 +111,13 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
         s = tl.where(vis, s, float("-inf"))
         upd = tl.max(vis.to(tl.int32), axis=1) > 0
     else:
-        upd = pos == pos  # every live row sees the whole block
+        # every live row sees the whole block. The select keeps the score a rounded product
+        # on the GPU: a bare product feeding the subtraction below would be contracted into
+        # an fma there (measured: other bits than the masked path's), and the select can't
+        # be folded (a loaded position is >= -1 on every row, rows past the tile's tokens
+        # included, which the compiler can't know)
+        s = tl.where(pos[:, None] >= -1, s, float("-inf"))
+        upd = pos == pos
     if SAFE:
         m_new = _max_nan(m, _row_max(s))
     else:
@@ -142,11 +141,24 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
         vfin = v32 - v32 == 0.0  # False for NaN and +-inf
         vt = tl.where(vfin, vt, 0.0)
         o = _mm_acc(pin, vt, o, INTERPRET, IEEE)
-        seen_bad = tl.dot(vis.to(tl.float32), (~vfin).to(tl.float32), input_precision="ieee")
+        seen_bad = _count_seen(vis, ~vfin, INTERPRET)
         o = tl.where(seen_bad > 0, float("nan"), o)
     else:
         o = _mm_acc(pin, vt, o, INTERPRET, IEEE)
     return m_new, lsum, o, upd
+
+
+@triton.jit
+def _count_seen(vis, bad, INTERPRET: tl.constexpr):
+    """[rows, channels]: how many keys a row sees whose value is non-finite in a channel
+    (only its sign is read). 0 and 1 are exact in bfloat16 and counts up to 2^24 in the
+    float32 accumulator, so the tensor cores count exactly; a float32 "ieee" dot here ran
+    on the FMA units with its operands in registers and spilled 10 KB a thread (the split
+    decode's chunk kernel, sm_90: 255 registers, 10096 bytes of stack; 1008 with this)."""
+    if INTERPRET:  # the interpreter keeps bfloat16 as raw bits: count in float32 there
+        return tl.dot(vis.to(tl.float32), bad.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(vis.to(tl.bfloat16), bad.to(tl.bfloat16))
 
 
 @triton.jit
@@ -163,10 +175,10 @@ def _merge(run_m, run_l, run_o, m, lsum, o, any_c):
 
 
 @triton.jit
-def _tile_keys(tile_ptr, positions_ptr, key_len_ptr, tile, G, T, window, LOCAL: tl.constexpr,
+def _tile_keys(tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
     """The tile's rows and the key blocks b_lo .. b_hi its rows see (b_hi < b_lo: none)."""
-    token, g, pos, live, s = _tile_rows(tile_ptr, positions_ptr, tile, G, T, BLOCK_M)
+    token, g, pos, live, s = _tile_rows(tile_ptr, positions_ptr, G, T, BLOCK_M)
     klen = tl.load(key_len_ptr + s).to(tl.int32)
     hi = tl.max(tl.where(live, pos, -1), axis=0)
     if LOCAL:
@@ -346,13 +358,12 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
     pass flagged in redo because their accumulator came out non-finite). FLAT (fast pass):
     the blocks in one loop, the merge at each chunk's end inside it (``_flat_blocks``: the
     same blocks, states and merges in the same order as the loop over chunks; the loads can
-    run ahead across a chunk's end). Tiles run last first (``_last_first``)."""
+    run ahead across a chunk's end)."""
     kvh = tl.program_id(1)
-    tile = _last_first()
-    slot = tile * tl.num_programs(1) + kvh
+    slot = tl.program_id(0) * tl.num_programs(1) + kvh
     if tl.load(go_ptr + slot) != 0:
         token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
-            tile_ptr, positions_ptr, key_len_ptr, tile, G, T, window, LOCAL, BLOCK_M, BLOCK)
+            tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         ilo, ihi = _interior(pos, live, klen, window, LOCAL, BLOCK)
         run_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -425,7 +436,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
     kvh = tl.program_id(2)
     slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
-        tile_ptr, positions_ptr, key_len_ptr, tile, G, T, window, LOCAL, BLOCK_M, BLOCK)
+        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ch = b_lo // CHUNK_BLOCKS + i
     if ch <= b_hi // CHUNK_BLOCKS:
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
@@ -491,7 +502,7 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
     r0 = (part // n_cols) * ROWS
     c0 = (part % n_cols) * COLS
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
-        tile_ptr, positions_ptr, key_len_ptr, tile, G, T, window, LOCAL, BLOCK_M, BLOCK)
+        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ntok = tl.load(tile_ptr + tile * 3 + 1)
     if r0 < ntok * G:
         row0 = tl.load(tile_ptr + tile * 3)
@@ -552,12 +563,10 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, da_ptr, delta_ptr, lse_ptr, positio
                         IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
                         BLOCK_D: tl.constexpr):
     """dq of a tile of GQA rows (the forward's tiles): its key blocks in ascending order,
-    P recomputed from lse, dS rounded to the input dtype, dq = scale * sum_j dS k. Tiles
-    run last first (``_last_first``)."""
+    P recomputed from lse, dS rounded to the input dtype, dq = scale * sum_j dS k."""
     kvh = tl.program_id(1)
-    tile = _last_first()
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
-        tile_ptr, positions_ptr, key_len_ptr, tile, G, T, window, LOCAL, BLOCK_M, BLOCK)
+        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
     lmask = live[:, None] & dmask
     da = tl.load(da_ptr + q_off, mask=lmask, other=0.0)
