@@ -24,12 +24,13 @@ def tiny_muse_glimmer(
     window: int = 4,
     eos_token_id: int | None = None,
     heads: int = 4,
+    hidden: int = 32,
 ):
     from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
 
     torch.manual_seed(seed)
     text = dict(
-        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=48, num_hidden_layers=4,
         num_attention_heads=heads, num_key_value_heads=2, head_dim=8, sliding_window=window,
         pad_token_id=PAD, eos_token_id=eos_token_id, bos_token_id=BOS,
         max_position_embeddings=256,

@@ -8,6 +8,7 @@ import torch
 
 from opcontract.backends.dense_gemm import K_BLOCK  # the contract's gemm_k block
 from opcontract.backends.fixed_order import pairwise_sum
+from opcontract.backends.placement import may_keep
 from opcontract.backends.triton import interpreting
 from opcontract.backends.triton.launch import launch, prepared
 
@@ -67,7 +68,7 @@ def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
     """Per-tile arrival counters for a fused parallel-partials launch, zero before it and
     after it (each tile's last program resets its own). Kept per stream, since launches on
     one stream never overlap (fuse_sum keeps graph captures off them)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not may_keep(device):  # a graph's pool: the call's own
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
     buf = _ARRIVALS.get(key)
@@ -214,7 +215,7 @@ def plan(config, x, weight, bias, lead):
     biased call has none (no projection of the models served here has a bias)."""
     if x.device.type != "cuda" or not x.is_contiguous() or not weight.is_contiguous():
         return None
-    if bias is not None or torch.cuda.is_current_stream_capturing():
+    if bias is not None or not may_keep(x.device):  # a fused plan keeps its workspace
         return None
     M, K = x.shape
     N = weight.shape[0]
