@@ -99,8 +99,19 @@ for s in "$@"; do
             --table "$TABLE" --device cuda ${VERIFY_ONLY:+--only "$VERIFY_ONLY"} ;;
         cute-overlap) stage cute-overlap 240 python3 benchmarks/cute_gemm_overlap_explore.py \
             --out "$OUT/cute_gemm_overlap_explore_h200.json" ;;
-        attention-tests) stage attention-tests "${TESTS_LIMIT:-420}" python3 -m pytest -q -m gpu \
-            "$TREE/tests/test_gated_attention.py" -p no:cacheprovider ;;
+        attention-tests)  # the kernels compile per test: several tests at once (xdist)
+            workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
+            stage attention-tests "${TESTS_LIMIT:-420}" python3 -m pytest -q -m gpu \
+                "$TREE/tests/test_gated_attention.py" -p no:cacheprovider $workers ;;
+        attention-spills)  # decode and training forward at the defaults after the spill fix
+            stage attention-decode-spills 240 python3 benchmarks/attention_decode_explore.py \
+                --split 1 --block-m 64 --warps 4 --stages 1,2 --interior 1 --B 1,8,64,256 \
+                --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/attention_decode_spills_h200.json"
+            stage attention-forward-spills 200 python3 benchmarks/attention_forward_explore.py \
+                --lengths 8192,16384 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --configs \
+                '[{"block_m":128,"num_stages":2,"interior":1}]' \
+                --out "$OUT/attention_forward_spills_h200.json" ;;
         attention-options)  # the launch options off by default (interior, flat), each checked bitwise
             stage attention-forward-options 400 python3 benchmarks/attention_forward_explore.py \
                 --lengths 8192,16384 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --configs \
@@ -121,7 +132,7 @@ for s in "$@"; do
                 "$TREE/tests/test_hf_static_cache.py" -p no:cacheprovider
             stage hf-static 500 python3 benchmarks/hf_throughput_gpu.py --train "" \
                 --decode "${DECODE:-1,16,64}" --decode-modes "${DECODE_MODES:-eager,static}" \
-                --providers "${PROVIDERS:-stock,opcontract,opcontract-pageable,liger}" \
+                --providers "${PROVIDERS:-stock,opcontract,opcontract-pageable}" \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/hf_decode_static_h200.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
