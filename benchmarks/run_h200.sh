@@ -105,7 +105,7 @@ for s in "$@"; do
                 "$TREE/tests/test_gated_attention.py" -p no:cacheprovider $workers ;;
         attention-spills)  # decode and training forward at the defaults after the spill fix
             stage attention-decode-spills 240 python3 benchmarks/attention_decode_explore.py \
-                --split 1 --block-m 64 --warps 4 --stages 1,2 --interior 1 --B 1,8,64,256 \
+                --split 1 --block-m 64 --warps 4,8 --stages 1,2 --interior 1 --B 1,8,64,256 \
                 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_spills_h200.json"
             stage attention-forward-spills 200 python3 benchmarks/attention_forward_explore.py \
