@@ -1,0 +1,49 @@
+"""The Triton gated_attention kernels compiled for sm_90 on any machine (Triton compiles for
+the target it is told; no GPU needed), as a real launch at Muse Glimmer's geometry gets them:
+bf16, head_dim 128, the launch's 16-byte divisibility hints (pointers, Hq, G, D, window).
+
+Call it in a process without ``TRITON_INTERPRET=1`` (under the interpreter the kernels are
+interpreter functions, which don't compile). It imports ``opcontract`` from ``sys.path``, so
+a caller may put another checkout first (``kernel_resources.py --tree``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+P, F, I32 = "*bf16", "*fp32", "*i32"
+_INDEX = dict(positions_ptr=I32, block_rows_ptr=I32, key_len_ptr=I32, tile_ptr=I32)
+_SIZES = dict(T="i32", N="i32", Hq="i32", Hkv="i32", G="i32", D="i32", NB="i32")
+SIGNATURES = {
+    "_attn_chunk_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, **_INDEX, part_m_ptr=F, part_l_ptr=F,
+                               part_o_ptr=F, **_SIZES, NC="i32", window="i32", c="fp32"),
+    "_attn_fwd_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, gate_ptr=P, **_INDEX, out_ptr=P,
+                             attn_ptr=F, lse_ptr=F, go_ptr=I32, redo_ptr=I32, **_SIZES,
+                             window="i32", c="fp32"),
+}  # fmt: skip
+BASE = dict(LOCAL=False, INTERPRET=False, IEEE=False, BLOCK=128, BLOCK_D=128, CHUNK_BLOCKS=4)
+_HINTED_INTS = ("Hq", "G", "D", "window")  # multiples of 16 at Muse Glimmer's geometry
+
+
+def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages: int) -> Any:
+    """(compiled kernel, every constexpr it was compiled with): ``kernel`` of
+    ``gated_attention_kernels`` with BASE's constexprs, ``constexprs`` over them, the rest at
+    their defaults."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    mod = importlib.import_module("opcontract.backends.triton.gated_attention_kernels")
+    fn = getattr(mod, kernel)
+    sig = dict(SIGNATURES[kernel])
+    consts = {**BASE, **constexprs}
+    for name, p in inspect.signature(fn.fn).parameters.items():
+        if name not in sig:
+            sig[name] = "constexpr"
+            consts.setdefault(name, p.default)
+    hinted = [n for n, t in sig.items() if t.startswith("*") or n in _HINTED_INTS]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+    src = ASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs)
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    return compile(src, target=GPUTarget("cuda", 90, 32), options=options), consts
