@@ -215,7 +215,7 @@ def plan(config, x, weight, bias, lead):
     biased call has none (no projection of the models served here has a bias)."""
     if x.device.type != "cuda" or not x.is_contiguous() or not weight.is_contiguous():
         return None
-    if bias is not None or not may_keep(x.device):  # a fused plan keeps its workspace
+    if bias is not None or torch.cuda.is_current_stream_capturing():
         return None
     M, K = x.shape
     N = weight.shape[0]
@@ -226,6 +226,8 @@ def plan(config, x, weight, bias, lead):
     c = y.view(M, N)
     decided = _decide(x, c, M, N, K, config)
     _, parallel, fuse, tiles, chunks = decided
+    if fuse and not may_keep(x.device):  # a fused plan keeps its partials and counters
+        return None
     planes = _planes(M, N, chunks, x.device) if parallel else c
     arrivals = _arrivals(x.device, tiles) if fuse else None
     launches = _launches(x, weight, c, bias, planes, arrivals, M, N, K, (x.stride(0), 1),
