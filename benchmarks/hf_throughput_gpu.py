@@ -3,8 +3,8 @@
 (``apply_liger_kernel_to_muse_glimmer``, where liger-kernel is installed), on the GPU.
 
     python benchmarks/hf_throughput_gpu.py --out results.json [--layers 4]
-        [--providers stock,opcontract,liger]   (also: opcontract-pageable, the index copies
-                                                from pageable memory, as before pinned staging)
+        [--providers stock,opcontract,liger]   (also: opcontract-pinned, the index copies
+                                                staged through pinned memory)
 
 Training: one sequence of T tokens, ``model(input_ids, labels=input_ids)`` then
 ``loss.backward()`` (no optimizer step), median of 3 timed steps after one warm-up; tokens/s
@@ -126,7 +126,7 @@ def main() -> None:
 
 
 PROVIDERS = {"stock": "stock (sdpa)", "opcontract": "opcontract",
-             "opcontract-pageable": "opcontract, index copies from pageable memory",
+             "opcontract-pinned": "opcontract, index copies staged through pinned memory",
              "liger": "liger (apply_liger_kernel_to_muse_glimmer)"}  # fmt: skip
 
 
@@ -143,8 +143,8 @@ def provider_model(provider: str, previous, layers: int):
         return make_model(layers).train()
     from opcontract.backends import placement
 
-    placement.PINNED_STAGING = provider != "opcontract-pageable"  # the change, measured
-    if provider in ("opcontract", "opcontract-pageable"):
+    placement.PINNED_STAGING = provider == "opcontract-pinned"
+    if provider in ("opcontract", "opcontract-pinned"):
         if previous is None or hasattr(previous, "_liger"):
             previous = make_model(layers).train()
         return apply_opcontract(previous)  # a patched model is returned as it is

@@ -132,8 +132,12 @@ for s in "$@"; do
                 "$TREE/tests/test_hf_static_cache.py" -p no:cacheprovider
             stage hf-static 500 python3 benchmarks/hf_throughput_gpu.py --train "" \
                 --decode "${DECODE:-1,16,64}" --decode-modes "${DECODE_MODES:-eager,static}" \
-                --providers "${PROVIDERS:-stock,opcontract,opcontract-pageable}" \
+                --providers "${PROVIDERS:-stock,opcontract}" \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/hf_decode_static_h200.json" ;;
+        decode-profile)  # GPU time of generate() by kernel, stock and patched, eager and static
+            stage decode-profile 500 python3 benchmarks/decode_gpu_profile.py \
+                --batch "${DECODE:-1,64}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/decode_gpu_profile_h200.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac

@@ -8,18 +8,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-PINNED_STAGING = True  # False: copy from pageable memory as before (to measure the change)
+# True: stage each host-to-device copy through pinned memory. Off: on the H200 the pageable
+# copies were as fast at B = 1 and 6-11% faster at B = 16 and 64, eager and CUDA-graph decode
+# alike (benchmarks/results/hf_decode_static_capturable_h200.json)
+PINNED_STAGING = False
 
 
 def on_device(t: torch.Tensor | None, device: torch.device | str) -> torch.Tensor | None:
     """``t`` on ``device``: a host tensor copied without waiting for the GPU's queue (the
     copy is ordered before any kernel launched after it on the current stream).
 
-    A host tensor bound for a GPU goes through pinned memory first: from pageable memory
-    the driver may wait for the stream to drain before it stages the copy (CUDA's "API
-    synchronization behavior"), so each such copy of a decode step could hold the host until
-    the GPU caught up. PyTorch's pinned-memory cache keeps the staging block until the copy
-    has run."""
+    With ``PINNED_STAGING`` a host tensor bound for a GPU goes through pinned memory first
+    (PyTorch's pinned-memory cache keeps the staging block until the copy has run); off by
+    default, where it was measured slower."""
     if t is None or t.device == device:
         return t
     device = torch.device(device)
