@@ -195,57 +195,11 @@ def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, par
 
 
 @triton.jit
-def _load_block_partials(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, b, rows, row_ok, T,
-                         NUM_BLOCKS, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                         ZSUM: tl.constexpr):
-    """Block b's partials of the rows (ok False past the last block: nothing read)."""
-    ok = row_ok & ((rows * 0 + b) < NUM_BLOCKS)
-    part = b * T + rows.to(tl.int64)
-    m = tl.load(pmax_ptr + part, mask=ok, other=0.0)
-    s = tl.load(psum_ptr + part, mask=ok, other=1.0)
-    zs = m
-    idx = rows
-    zsum = m
-    if ENTROPY:
-        zs = tl.load(pzs_ptr + part, mask=ok, other=0.0)
-    if ARGMAX:
-        idx = tl.load(parg_ptr + part, mask=ok, other=0)
-    if ZSUM:
-        zsum = tl.load(pzsum_ptr + part, mask=ok, other=0.0)
-    return m, s, zs, idx, zsum, ok
-
-
-@triton.jit
-def _merge_block(run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum, m, s, zs, idx, zsum, ok,
-                 ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr):
-    """One block's partials onto the running state (vocab_*: online max rescale); a block
-    past the last (ok False) leaves the state as it is, selected, not computed."""
-    new_max = tl.maximum(run_max, m)
-    old_scale = tl.exp(run_max - new_max)
-    b_scale = tl.exp(m - new_max)
-    new_sum = run_sum * old_scale + s * b_scale
-    run_sum = tl.where(ok, new_sum, run_sum)
-    if ENTROPY:
-        new_zs = run_zs * old_scale + zs * b_scale
-        run_zs = tl.where(ok, new_zs, run_zs)
-    if ARGMAX:  # a later block wins only with a strictly larger max
-        arg_idx = tl.where(ok & (m > arg_max), idx.to(tl.int64), arg_idx)
-        arg_max = tl.where(ok, tl.maximum(arg_max, m), arg_max)
-    if ZSUM:  # vocab_zsum: plain float32 adds, ascending
-        run_zsum = tl.where(ok, run_zsum + zsum, run_zsum)
-    run_max = tl.where(ok, new_max, run_max)
-    return run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum
-
-
-@triton.jit
 def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_ptr,
                   logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr,
                   T, V, NUM_BLOCKS, ignore_index,
                   ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
                   BLOCK_R: tl.constexpr):
-    """Each row's block partials in ascending order (vocab_*). The partials are read four
-    blocks at a time, the four loads in flight before the first of their merges (which stay
-    one after another, ascending): the chain waits on memory once per four blocks."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < T
     run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
@@ -254,31 +208,24 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_pt
     arg_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     arg_idx = tl.zeros((BLOCK_R,), tl.int64)
     run_zsum = tl.zeros((BLOCK_R,), tl.float32)
-    for b in range(0, NUM_BLOCKS, 4):
-        m0, s0, zs0, i0, zz0, ok0 = _load_block_partials(
-            pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, b, rows, row_ok, T, NUM_BLOCKS,
-            ENTROPY, ARGMAX, ZSUM)
-        m1, s1, zs1, i1, zz1, ok1 = _load_block_partials(
-            pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, b + 1, rows, row_ok, T,
-            NUM_BLOCKS, ENTROPY, ARGMAX, ZSUM)
-        m2, s2, zs2, i2, zz2, ok2 = _load_block_partials(
-            pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, b + 2, rows, row_ok, T,
-            NUM_BLOCKS, ENTROPY, ARGMAX, ZSUM)
-        m3, s3, zs3, i3, zz3, ok3 = _load_block_partials(
-            pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, b + 3, rows, row_ok, T,
-            NUM_BLOCKS, ENTROPY, ARGMAX, ZSUM)
-        run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum = _merge_block(
-            run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum, m0, s0, zs0, i0, zz0, ok0,
-            ENTROPY, ARGMAX, ZSUM)
-        run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum = _merge_block(
-            run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum, m1, s1, zs1, i1, zz1, ok1,
-            ENTROPY, ARGMAX, ZSUM)
-        run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum = _merge_block(
-            run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum, m2, s2, zs2, i2, zz2, ok2,
-            ENTROPY, ARGMAX, ZSUM)
-        run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum = _merge_block(
-            run_max, run_sum, run_zs, arg_max, arg_idx, run_zsum, m3, s3, zs3, i3, zz3, ok3,
-            ENTROPY, ARGMAX, ZSUM)
+    for b in range(0, NUM_BLOCKS):  # vocab_*: ascending blocks, online max rescale
+        part = b * T + rows.to(tl.int64)
+        m = tl.load(pmax_ptr + part, mask=row_ok, other=0.0)
+        s = tl.load(psum_ptr + part, mask=row_ok, other=1.0)
+        new_max = tl.maximum(run_max, m)
+        old_scale = tl.exp(run_max - new_max)
+        b_scale = tl.exp(m - new_max)
+        run_sum = run_sum * old_scale + s * b_scale
+        if ENTROPY:
+            zs = tl.load(pzs_ptr + part, mask=row_ok, other=0.0)
+            run_zs = run_zs * old_scale + zs * b_scale
+        if ARGMAX:  # a later block wins only with a strictly larger max
+            idx = tl.load(parg_ptr + part, mask=row_ok, other=0)
+            arg_idx = tl.where(m > arg_max, idx.to(tl.int64), arg_idx)
+            arg_max = tl.maximum(arg_max, m)
+        if ZSUM:  # vocab_zsum: plain float32 adds, ascending
+            run_zsum += tl.load(pzsum_ptr + part, mask=row_ok, other=0.0)
+        run_max = new_max
     lse = run_max + tl.log(run_sum)
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
     z_t = tl.load(zt_ptr + rows, mask=row_ok & (tgt != ignore_index), other=0.0)
