@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from hf_throughput_gpu import provider_model  # noqa: E402
+from hf_throughput_gpu import decode_inputs, provider_model  # noqa: E402
 
 CLASSES = (  # (class, substrings of a kernel name), first match wins
     ("lm head", ("softcap", "logprob", "logits", "lse")),
@@ -42,12 +42,7 @@ def kernel_class(name: str) -> str:
 
 
 def profile_row(model, B: int, vocab: int, cache: str, new: int, top: int) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(B)
-    ids = torch.randint(3, vocab, (B, 128), device="cuda", generator=g)
-    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-              do_sample=False)  # fmt: skip
-    if cache == "static":
-        kw["cache_implementation"] = "static"
+    ids, kw = decode_inputs(B, vocab, new, cache)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.no_grad():
         model.generate(ids, **kw)

@@ -56,13 +56,20 @@ def train_row(model, T: int, vocab: int) -> dict:
                 peak_gb=(torch.cuda.max_memory_allocated() - base) / 1e9)  # fmt: skip
 
 
-def decode_row(model, B: int, vocab: int, new: int = 32, cache: str = "eager") -> dict:
+def decode_inputs(B: int, vocab: int, new: int, cache: str) -> tuple:
+    """(prompt ids [B, 128], generate() keywords) of a decode row: random tokens seeded by B,
+    ``new`` greedy tokens, the static cache where ``cache`` says so."""
     g = torch.Generator(device="cuda").manual_seed(B)
     ids = torch.randint(3, vocab, (B, 128), device="cuda", generator=g)
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
     if cache == "static":
         kw["cache_implementation"] = "static"
+    return ids, kw
+
+
+def decode_row(model, B: int, vocab: int, new: int = 32, cache: str = "eager") -> dict:
+    ids, kw = decode_inputs(B, vocab, new, cache)
     with torch.no_grad():
         model.generate(ids, **kw)
         torch.cuda.synchronize()
