@@ -7,6 +7,8 @@ row is ``{"kernel", "provider", "mode", "metric", "x_name", "x", "median", "p20"
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import datetime
 import json
 import os
@@ -39,10 +41,41 @@ def env_stamp() -> dict:
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
         "triton": triton.__version__,
+        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
         "python": platform.python_version(),
         "opcontract_commit": _commit(run(["git", "-C", str(repo), "rev-parse", "HEAD"])),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def implementations_run(counts: collections.Counter):
+    """Counts ``op:implementation`` of every dispatched call on this thread while open (the
+    provenance dispatch records for each call; eager calls only, not a compiled graph's)."""
+    import opcontract.dispatch as dispatch
+    from opcontract.dispatch import provenance
+
+    class Counting:
+        def __setattr__(self, name, value):
+            object.__setattr__(self, name, value)
+            if name == "last":
+                counts[f"{value.op}:{value.implementation}"] += 1
+
+    saved = provenance._local
+    dispatch._provenance_local = provenance._local = Counting()
+    try:
+        yield counts
+    finally:
+        dispatch._provenance_local = provenance._local = saved
 
 
 def _commit(rev: str) -> str | None:

@@ -19,6 +19,7 @@ patched OpcontractStaticCache; generate() compiles the decode step, torch.compil
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import time
@@ -70,8 +71,13 @@ def decode_inputs(B: int, vocab: int, new: int, cache: str) -> tuple:
 
 def decode_row(model, B: int, vocab: int, new: int = 32, cache: str = "eager") -> dict:
     ids, kw = decode_inputs(B, vocab, new, cache)
+    counts: collections.Counter = collections.Counter()
     with torch.no_grad():
-        model.generate(ids, **kw)
+        if cache == "eager" and getattr(model, "_opcontract_patched", False):
+            with common.implementations_run(counts):  # which implementation served each op
+                model.generate(ids, **kw)
+        else:
+            model.generate(ids, **kw)
         torch.cuda.synchronize()
         times = []
         for _ in range(2):
@@ -81,7 +87,7 @@ def decode_row(model, B: int, vocab: int, new: int = 32, cache: str = "eager") -
             times.append(time.perf_counter() - t0)
     s = min(times)
     return dict(mode="decode", cache=cache, B=B, new_tokens=new, seconds=s,
-                tokens_per_s=B * new / s)  # fmt: skip
+                tokens_per_s=B * new / s, implementations=dict(counts))  # fmt: skip
 
 
 def main() -> None:
