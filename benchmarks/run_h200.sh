@@ -91,6 +91,10 @@ for s in "$@"; do
         sweep-gemm-decode) sweep gemm-decode triton.gemm 36 60 400 --max-batch 64 ;;
         sweep-cute-decode) sweep cute-decode cute.gemm 16 60 300 --max-batch 64 ;;
         sweep-cute-train) sweep cute-train cute.gemm 8 60 400 --min-batch 256 ;;
+        sweep-hf-decode)  # the HF patch's separate projections at decode sizes, Triton and CuTe
+            python3 benchmarks/sweep_subset.py $SWEEP --sizes N=4096,K=6656 N=256,K=6656 \
+                N=19968,K=6656 --out /tmp/hf_projections.yaml
+            SWEEP=/tmp/hf_projections.yaml sweep hf-decode dense_gemm 36 40 540 --max-batch 64 ;;
         sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
         sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 36 60 540 ;;
         tuned) stage tuned "${TUNED_LIMIT:-400}" python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
