@@ -129,3 +129,38 @@ def test_parallel_partials_keep_the_bits(dtype, K, fuse, monkeypatch):
         *sums,
         ("gemm", 1),
     ]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_backward_skips_unneeded_gradients_and_keeps_the_bits(backend, monkeypatch):
+    """A frozen weight (LoRA's base projections) or an input that needs no gradient: that
+    gradient's GEMM is not run, and the gradients that are computed have the bits of a
+    backward that computed all three."""
+    from opcontract.backends.torch import dense_gemm as torch_dg
+    from opcontract.backends.triton import dense_gemm as triton_dg
+
+    module, name = (triton_dg, "_gemm") if backend == "triton" else (torch_dg, "_promoted_matmul")
+    calls = []  # the backward's GEMMs
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    gemm = dispatch.op("dense_gemm", backend=backend)
+    x0, w0, b0 = _xwb(M=7, K=300, N=40)
+    dy = torch.randn(7, 40, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def grads(need_x: bool, need_w: bool) -> tuple:
+        x = x0.clone().requires_grad_(need_x)
+        w = w0.clone().requires_grad_(need_w)
+        b = b0.clone().requires_grad_(True)
+        y = gemm(x, w, b)
+        calls.clear()
+        y.backward(dy)
+        return x.grad, w.grad, b.grad
+
+    full = grads(True, True)
+    assert all(g is not None for g in full) and len(calls) == 2
+    frozen_w = grads(True, False)
+    assert frozen_w[1] is None and len(calls) == 1
+    assert torch.equal(frozen_w[0], full[0]) and torch.equal(frozen_w[2], full[2])
+    frozen_x = grads(False, True)
+    assert frozen_x[0] is None and len(calls) == 1
+    assert torch.equal(frozen_x[1], full[1]) and torch.equal(frozen_x[2], full[2])

@@ -10,6 +10,17 @@ from opcontract.contracts.schema import ReductionPlan
 K_BLOCK = get_contract("dense_gemm").reductions["gemm_k"].block
 
 
+def needed(needs: dict | None, has_bias: bool) -> dict[str, bool]:
+    """Which of dx, dweight, dbias a backward computes: autograd's ``needs`` (None: all),
+    dbias only where there is a bias. Each is its own sum, so skipping one moves no bit."""
+    needs = needs or {}
+    return {
+        "x": needs.get("x", True),
+        "weight": needs.get("weight", True),
+        "bias": has_bias and needs.get("bias", True),
+    }
+
+
 def strict_declaration() -> dict:
     """The ``plan`` and ``grad_invariances`` of a strict dense_gemm implementation."""
 

@@ -18,7 +18,10 @@ from typing import Any
 
 import torch
 
-from opcontract.backends.dense_gemm import K_BLOCK  # noqa: F401 - the kernel's CHUNK_K, by contract
+from opcontract.backends.dense_gemm import (
+    K_BLOCK,  # noqa: F401 - the kernel's CHUNK_K, by contract
+    needed,
+)
 from opcontract.backends.fixed_order import pairwise_sum
 
 CONFIG = {"tile_m": 128, "tile_n": 128, "group_m": 8, "overlap": 1}
@@ -215,16 +218,21 @@ def backward(
     weight: torch.Tensor,
     has_bias: bool,
     config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(dx, dweight, dbias) with the same kernel (K-major operands are transposed copies).
+    needs: dict | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dweight, dbias) with the same kernel (K-major operands are transposed copies);
+    ``needs`` (default all) leaves an unneeded one None and its GEMM unrun.
 
     grad_x_n: dx = dy @ weight, partials of 256 along N; grad_weight_m: dw = dy.T @ x,
     partials of 256 along M; grad_bias_m: a fixed pairwise tree over rows.
     """
+    need = needed(needs, has_bias)
     dy = dy.contiguous()
-    dx = gemm(dy, weight.T.contiguous(), None, config)  # [M, N] @ [K, N].T
-    dw = gemm(dy.T.contiguous(), x.T.contiguous(), None, config)  # [N, M] @ [K, M].T
-    db = pairwise_sum(dy.float()).to(weight.dtype, copy=True) if has_bias else None
+    dx = gemm(dy, weight.T.contiguous(), None, config) if need["x"] else None  # [M, N] @ [K, N].T
+    dw = None
+    if need["weight"]:  # [N, M] @ [K, M].T
+        dw = gemm(dy.T.contiguous(), x.T.contiguous(), None, config)
+    db = pairwise_sum(dy.float()).to(weight.dtype, copy=True) if need["bias"] else None
     return dx, dw, db
 
 
@@ -234,6 +242,6 @@ def gemm_forward(config, x, weight, bias):
 
 def gemm_backward(config, saved, grads, needs, **params):
     dx, dw, db = backward(
-        grads["y"], saved["x"], saved["weight"], saved["bias"] is not None, config
+        grads["y"], saved["x"], saved["weight"], saved["bias"] is not None, config, needs
     )
     return {"x": dx, "weight": dw, "bias": db}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from opcontract.backends.dense_gemm import K_BLOCK
+from opcontract.backends.dense_gemm import K_BLOCK, needed
 from opcontract.backends.fixed_order import pairwise_sum
 
 
@@ -36,12 +36,16 @@ def strict_forward(x, weight, bias):
     return acc.to(x.dtype)
 
 
-def strict_backward(dy, x, weight, has_bias):
+def strict_backward(dy, x, weight, has_bias, needs=None):
+    """(dx, dw, db); ``needs`` (default all) leaves an unneeded one None, not computed."""
+    need = needed(needs, has_bias)
     dy32 = dy.float()
-    dx = _promoted_matmul(dy32, weight.float()).to(x.dtype)
-    dw = _promoted_matmul(dy32.T.contiguous(), x.float()).to(weight.dtype)
+    dx = _promoted_matmul(dy32, weight.float()).to(x.dtype) if need["x"] else None
+    dw = None
+    if need["weight"]:
+        dw = _promoted_matmul(dy32.T.contiguous(), x.float()).to(weight.dtype)
     db = None
-    if has_bias:  # grad_bias_m: a fixed pairwise tree over rows
+    if need["bias"]:  # grad_bias_m: a fixed pairwise tree over rows
         db = pairwise_sum(dy32).to(weight.dtype, copy=True)
     return dx, dw, db
 
@@ -51,7 +55,8 @@ def forward(config, x, weight, bias):
 
 
 def backward(config, saved, grads, needs, **params):
-    dx, dw, db = strict_backward(grads["y"], saved["x"], saved["weight"], saved["bias"] is not None)
+    has_bias = saved["bias"] is not None
+    dx, dw, db = strict_backward(grads["y"], saved["x"], saved["weight"], has_bias, needs)
     return {"x": dx, "weight": dw, "bias": db}
 
 

@@ -7,6 +7,7 @@ import functools
 import torch
 
 from opcontract.backends.dense_gemm import K_BLOCK  # the contract's gemm_k block
+from opcontract.backends.dense_gemm import needed as _needs
 from opcontract.backends.fixed_order import pairwise_sum
 from opcontract.backends.placement import may_keep
 from opcontract.backends.triton import interpreting
@@ -184,23 +185,29 @@ def forward(x, weight, bias, config=None):
     return y
 
 
-def backward(dy, x, weight, has_bias, config=None):
+def backward(dy, x, weight, has_bias, config=None, needs=None):
+    """(dx, dw, db); ``needs`` (``{"x", "weight", "bias"}: bool``, default all) leaves an
+    unneeded one None and its GEMM unrun (each gradient is its own sum: no bit moves)."""
+    need = _needs(needs, has_bias)
     dy = dy.contiguous()
     x = x.contiguous()
     weight = weight.contiguous()
     M, K = x.shape
     N = weight.shape[0]
-    dx = torch.empty_like(x)
-    dw = torch.empty_like(weight)
-    if M and K:  # dx [M, K] = dy [M, N] @ weight [N, K]
-        _gemm(dy, weight, dx, None, M, K, N, (dy.stride(0), 1), (weight.stride(0), 1), config)
-    if N and K:  # dw [N, K] = dy.T [N, M] @ x [M, K]; the token loop stays in one program
-        dw_config = {**(config or {}), "parallel_partials": False}
-        _gemm(dy, x, dw, None, N, K, M, (1, dy.stride(0)), (x.stride(0), 1), dw_config)
-    if M == 0:
-        dw.zero_()
-    db = None
-    if has_bias:  # grad_bias_m: a fixed pairwise tree over rows
+    dx = dw = db = None
+    if need["x"]:
+        dx = torch.empty_like(x)
+        if M and K:  # dx [M, K] = dy [M, N] @ weight [N, K]
+            _gemm(dy, weight, dx, None, M, K, N, (dy.stride(0), 1), (weight.stride(0), 1),
+                  config)  # fmt: skip
+    if need["weight"]:
+        dw = torch.empty_like(weight)
+        if N and K:  # dw [N, K] = dy.T [N, M] @ x [M, K]; the token loop stays in one program
+            dw_config = {**(config or {}), "parallel_partials": False}
+            _gemm(dy, x, dw, None, N, K, M, (1, dy.stride(0)), (x.stride(0), 1), dw_config)
+        if M == 0:
+            dw.zero_()
+    if need["bias"]:  # grad_bias_m: a fixed pairwise tree over rows
         db = pairwise_sum(dy.float()).to(weight.dtype, copy=True)
     return dx, dw, db
 
@@ -301,5 +308,5 @@ def gemm_plan_no_grad(config, inputs, params, lead):
 
 def gemm_backward(config, saved, grads, needs, **params):
     dx, dw, db = backward(grads["y"], saved["x"], saved["weight"], saved["bias"] is not None,
-                          config)  # fmt: skip
+                          config, needs)  # fmt: skip
     return {"x": dx, "weight": dw, "bias": db}
