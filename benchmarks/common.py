@@ -25,6 +25,8 @@ import torch
 def env_stamp() -> dict:
     import triton
 
+    from opcontract.tables.db import stamp as tables_stamp  # the versions entries are made for
+
     def run(cmd: list[str]) -> str:
         try:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
@@ -41,20 +43,11 @@ def env_stamp() -> dict:
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
+        "cutlass_dsl": tables_stamp()["cutlass_dsl"],
         "python": platform.python_version(),
         "opcontract_commit": _commit(run(["git", "-C", str(repo), "rev-parse", "HEAD"])),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def _version(dist: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 @contextlib.contextmanager

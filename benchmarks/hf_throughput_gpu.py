@@ -70,10 +70,12 @@ def decode_inputs(B: int, vocab: int, new: int, cache: str) -> tuple:
 
 
 def decode_row(model, B: int, vocab: int, new: int = 32, cache: str = "eager") -> dict:
+    from opcontract.integrations.transformers import is_patched
+
     ids, kw = decode_inputs(B, vocab, new, cache)
     counts: collections.Counter = collections.Counter()
     with torch.no_grad():
-        if cache == "eager" and getattr(model, "_opcontract_patched", False):
+        if cache == "eager" and is_patched(model):
             with common.implementations_run(counts):  # which implementation served each op
                 model.generate(ids, **kw)
         else:

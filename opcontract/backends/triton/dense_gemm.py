@@ -6,8 +6,7 @@ import functools
 
 import torch
 
-from opcontract.backends.dense_gemm import K_BLOCK  # the contract's gemm_k block
-from opcontract.backends.dense_gemm import needed as _needs
+from opcontract.backends.dense_gemm import K_BLOCK, needed  # K_BLOCK: the contract's gemm_k block
 from opcontract.backends.fixed_order import pairwise_sum
 from opcontract.backends.placement import may_keep
 from opcontract.backends.triton import interpreting
@@ -188,7 +187,7 @@ def forward(x, weight, bias, config=None):
 def backward(dy, x, weight, has_bias, config=None, needs=None):
     """(dx, dw, db); ``needs`` (``{"x", "weight", "bias"}: bool``, default all) leaves an
     unneeded one None and its GEMM unrun (each gradient is its own sum: no bit moves)."""
-    need = _needs(needs, has_bias)
+    need = needed(needs, has_bias)
     dy = dy.contiguous()
     x = x.contiguous()
     weight = weight.contiguous()
