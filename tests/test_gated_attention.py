@@ -300,16 +300,17 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
         assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
 
 
-VARIANTS = [  # (split, interior, flat) beside the plain fused and split kernels
-    (0, 1, 0), (0, 0, 1), (0, 1, 1), (1, 1, 0),
+VARIANTS = [  # (split, interior, flat, reg_o) beside the plain fused and split kernels
+    (0, 1, 0, 0), (0, 0, 1, 0), (0, 1, 1, 0), (1, 1, 0, 0), (0, 1, 0, 1), (0, 0, 0, 1),
 ]
 
 
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
                          ids=["global", "local"])  # fmt: skip
 def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
-    """``interior`` (blocks every live row of a tile sees whole skip the visibility mask)
-    and ``flat`` (the fused kernel's blocks in one loop, each chunk merged inside it): packed
+    """``interior`` (blocks every live row of a tile sees whole skip the visibility mask),
+    ``flat`` (the fused kernel's blocks in one loop, each chunk merged inside it) and
+    ``reg_o`` (the running O in registers, not in the attn output between chunks): packed
     (tiles across sequence and window edges) and left-padded (rows without a query in a
     tile), with a NaN value and an infinite key: the plain kernels' bits."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -318,8 +319,8 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     seqs[1][1][100, 0, :] = float("inf")
     base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
             for split in (0, 1)}  # fmt: skip
-    for split, interior, flat in VARIANTS:
-        cfg = {"split": split, "interior": interior, "flat": flat}
+    for split, interior, flat, reg_o in VARIANTS:
+        cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o}
         got = _packed(seqs, backend="triton", config=cfg, **kw)
         torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True, msg=str(cfg))
     g = torch.Generator().manual_seed(3)
@@ -330,9 +331,10 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     mask[1, :37] = 0  # left padding: a tile holds rows without a query
     mask[2, :250] = 0
     outs = [attention.padded(q, k, v, gate, mask, backend="triton",
-                             config={"split": 0, "interior": i, "flat": i}, **kw)
-            for i in (0, 1)]  # fmt: skip
-    assert torch.equal(outs[0], outs[1])
+                             config={"split": 0, "interior": i, "flat": i, "reg_o": r},
+                             **kw)
+            for i, r in ((0, 0), (1, 0), (1, 1))]  # fmt: skip
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 @pytest.mark.gpu
@@ -350,7 +352,8 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
     k, v = (torch.randn(L, 2, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
     cu = torch.tensor([0, 1000, L])  # two sequences: a tile across their edge
     train = attention.packed(q, k, v, gate, cu, backend="triton", **kw)
-    for cfg in ({"interior": 1}, {"interior": 1, "flat": 1}, {"num_stages": 3, "interior": 1}):
+    for cfg in ({"interior": 1}, {"interior": 1, "flat": 1}, {"num_stages": 3, "interior": 1},
+                {"interior": 1, "reg_o": 1}, {"interior": 1, "reg_o": 1, "num_stages": 3}):
         other = attention.packed(q, k, v, gate, cu, backend="triton", config=cfg, **kw)
         assert torch.equal(other, train), cfg
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)

@@ -109,6 +109,9 @@ CONFIG_SPACE = {
     # default: 2-19% slower on the H200 at 3 of 4 training shapes,
     # attention_forward_options_h200.json)
     "flat": (0, 1),
+    # the fused kernel's running O in registers beside the chunk's (two accumulators), not
+    # in the attn output between chunks (same bits)
+    "reg_o": (0, 1),
 }
 
 
@@ -117,7 +120,9 @@ def default_config(call=None) -> dict:
     occupancy). Calls of 1024 tokens or more (training, prefill): tiles of 128 query rows,
     two stages, 8 warps; on the H200 128 rows ran the training forward 1.1-1.7x faster than
     64, and two stages beat one at 4 of the 6 training shapes measured
-    (attention_fastpass_h200.json, attention_forward_explore_h200.json). Smaller calls
+    (attention_fastpass_h200.json, attention_forward_explore_h200.json), and the running O
+    in registers (reg_o: the fused kernel 1.25-1.32x faster in GPU time at L = 8192 and
+    16384 global, 1.07-1.09x local, attention_kernel_time_reg_o_lean_h200.json). Smaller calls
     (decode: 16 live rows a token): 64 rows, one stage, 4 warps, which read the cache
     1.1-1.5x faster than 8 warps at every decode batch of 8 to 256 measured
     (attention_decode_explore_h200.json, attention_decode_merge_h200.json), except a
@@ -131,7 +136,8 @@ def default_config(call=None) -> dict:
 def _defaults(T: int | None) -> dict:
     """default_config's choices for a call of T query rows (None: unknown)."""
     return {"split": -1, "block_m": _block_m(T), "num_warps": _warps(T),
-            "num_stages": _stages(T), "interior": 1, "flat": 0}  # fmt: skip
+            "num_stages": _stages(T), "interior": 1, "flat": 0,
+            "reg_o": int(T is not None and T >= 1024)}  # fmt: skip
 
 
 def _block_m(T: int | None) -> int:
@@ -203,6 +209,7 @@ class ForwardPlan:
     window: int
     interior: bool = False  # the launch options (CONFIG_SPACE's), per kernel that takes them
     flat: bool = False
+    reg_o: bool = False
     go: torch.Tensor | None = None  # ones: every program of the fast pass runs
     redo: torch.Tensor | None = None  # the fast pass's flags: the SAFE pass's programs
     partials: tuple[torch.Tensor, ...] = ()  # split: (m, l, o) of every chunk
@@ -241,7 +248,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
                 num_stages=int(cfg["num_stages"]))  # fmt: skip
     plan = ForwardPlan(on_device(table, q.device) if place else table,
                        bool(split and n_chunks > 1), n_chunks, meta, ref.score_factor(D, scale),
-                       int(window or 0), bool(cfg["interior"]), bool(cfg["flat"]))  # fmt: skip
+                       int(window or 0), bool(cfg["interior"]), bool(cfg["flat"]),
+                       bool(cfg.get("reg_o", 0)))  # fmt: skip
     programs = table.shape[0] * Hkv * (n_chunks if plan.split else 1)
     if not plan.split:  # the fused kernel's two passes (the split kernel redoes in-program)
         plan.go = _ones(programs, q.device)
@@ -302,7 +310,7 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         launch(kk._attn_fwd_kernel, (n, Hkv), q, k, v, gate, positions, block_rows, key_len,
                plan.table, out, attn, lse, go, redo, T, N, Hq, Hkv, G, D, NB, plan.window,
                plan.c, IEEE=ieee, SAFE=safe, INTERIOR=plan.interior, FLAT=plan.flat,
-               **meta)  # fmt: skip
+               REG_O=plan.reg_o, **meta)  # fmt: skip
 
 
 def forward(config, q, k, v, gate, positions, seq, block_rows, key_len, *, layer, window, scale):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from opcontract.backends.triton.rounding import cast
 
@@ -103,20 +104,22 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     base = (tl.maximum(rowb, 0).to(tl.int64) * Hkv + kvh) * D
     kv_off = j[:, None] * (Hkv * D) + d[None, :]
     dmask = d[None, :] < D
-    kt = tl.load(k_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
-    vt = tl.load(v_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
-    s = _mm_nt(q, kt, INTERPRET, IEEE) * c
+    if MASK:
+        kt = tl.load(k_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+        vt = tl.load(v_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
+    else:
+        kt = tl.load(k_ptr + base + kv_off)
+        vt = tl.load(v_ptr + base + kv_off)
+    qk = _mm_nt(q, kt, INTERPRET, IEEE)
     if MASK:
         vis = _visible(jpos, pos, klen, window, LOCAL)
-        s = tl.where(vis, s, float("-inf"))
+        s = tl.where(vis, qk * c, float("-inf"))
         upd = tl.max(vis.to(tl.int32), axis=1) > 0
     else:
-        # every live row sees the whole block. The select keeps the score a rounded product
-        # on the GPU: a bare product feeding the subtraction below would be contracted into
-        # an fma there (measured: other bits than the masked path's), and the select can't
-        # be folded (a loaded position is >= -1 on every row, rows past the tile's tokens
-        # included, which the compiler can't know)
-        s = tl.where(pos[:, None] >= -1, s, float("-inf"))
+        # every live row sees the whole block. The score must stay a rounded product: a bare
+        # product feeding the subtraction below is contracted into an fma on the GPU
+        # (measured: other bits than the masked path's, whose select keeps two roundings)
+        s = _mul_rn(qk, c, INTERPRET)
         upd = pos == pos
     if SAFE:
         m_new = _max_nan(m, _row_max(s))
@@ -146,6 +149,16 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     else:
         o = _mm_acc(pin, vt, o, INTERPRET, IEEE)
     return m_new, lsum, o, upd
+
+
+@triton.jit
+def _mul_rn(x, c, INTERPRET: tl.constexpr):
+    """x * c rounded to float32, never contracted with a following add into an fma
+    (``mul.rn``; numpy's product under the interpreter is never contracted)."""
+    if INTERPRET:
+        return x * c
+    else:
+        return libdevice.mul_rn(x, c)
 
 
 @triton.jit
@@ -313,11 +326,18 @@ def _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, to
 
 
 @triton.jit
-def _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D: tl.constexpr):
+def _q_offsets(token, g, kvh, G, Hq, D, BLOCK_D: tl.constexpr):
+    """(offsets of the tile's rows in q-shaped tensors, each row's head, the channel mask)."""
     head = kvh * G + g
     d = tl.arange(0, BLOCK_D)
     dmask = d[None, :] < D
     q_off = (token.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
+    return q_off, head, dmask
+
+
+@triton.jit
+def _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D: tl.constexpr):
+    q_off, head, dmask = _q_offsets(token, g, kvh, G, Hq, D, BLOCK_D)
     q = tl.load(q_ptr + q_off, mask=live[:, None] & dmask, other=0.0)
     return q, q_off, head, dmask
 
@@ -352,13 +372,16 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
                      NB, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
                      IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
-                     INTERIOR: tl.constexpr = False, FLAT: tl.constexpr = False):
+                     INTERIOR: tl.constexpr = False, FLAT: tl.constexpr = False,
+                     REG_O: tl.constexpr = False):
     """The fused forward: a tile's chunks in ascending order, each merged as it ends. A
     program runs where go is non-zero (the fast pass: all; the SAFE pass: the tiles the fast
     pass flagged in redo because their accumulator came out non-finite). FLAT (fast pass):
     the blocks in one loop, the merge at each chunk's end inside it (``_flat_blocks``: the
     same blocks, states and merges in the same order as the loop over chunks; the loads can
-    run ahead across a chunk's end)."""
+    run ahead across a chunk's end). REG_O (fast pass, not FLAT): the running O stays in
+    registers beside the chunk's o (two accumulators) instead of waiting in the attn output;
+    the float32 store and load are exact, so the same bits."""
     kvh = tl.program_id(1)
     slot = tl.program_id(0) * tl.num_programs(1) + kvh
     if tl.load(go_ptr + slot) != 0:
@@ -400,6 +423,48 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
                     b_hi, ch_lo, N, Hkv, kvh, pos, klen, window, c, m, lsum, o, run_m, run_l,
                     D, LOCAL, INTERPRET, IEEE, BLOCK_M, BLOCK, BLOCK_D, CHUNK_BLOCKS, True)
             any_chunk = tl.full((BLOCK_M, 1), b_hi, tl.int32) >= b_lo
+        elif REG_O and not SAFE:
+            run_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+            # chunks c1 .. c2 - 1 lie whole in the interior (every block one every live row
+            # sees whole): one unmasked loop of CHUNK_BLOCKS blocks each, the same update
+            # and merge as ``_chunk``'s; the chunks before and after take ``_chunk``
+            c1 = ch_lo
+            c2 = ch_lo
+            if INTERIOR:
+                c1 = tl.maximum(ch_lo, (ilo + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS)
+                c2 = tl.maximum(c1, tl.minimum(ch_hi + 1, (ihi + 1) // CHUNK_BLOCKS))
+            for ch in range(ch_lo, c1):
+                first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
+                last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
+                m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last,
+                                           N, Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
+                                           INTERPRET, IEEE, SAFE, BLOCK_M, BLOCK, BLOCK_D,
+                                           INTERIOR)
+                run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+            for ch in range(c1, c2):
+                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                lsum = tl.zeros((BLOCK_M,), tl.float32)
+                o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+                for b in range(ch * CHUNK_BLOCKS, ch * CHUNK_BLOCKS + CHUNK_BLOCKS):
+                    rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
+                    m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos,
+                                                    klen, window, c, m, lsum, o, D, LOCAL,
+                                                    INTERPRET, IEEE, False, BLOCK, BLOCK_D,
+                                                    False)
+                run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o,
+                                             m > float("-inf"))
+            for ch in range(c2, ch_hi + 1):
+                first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
+                last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
+                m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last,
+                                           N, Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
+                                           INTERPRET, IEEE, SAFE, BLOCK_M, BLOCK, BLOCK_D,
+                                           INTERIOR)
+                run_m, run_l, run_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
+            any_chunk = tl.full((BLOCK_M, 1), ch_hi, tl.int32) >= ch_lo
+            # the [rows, channels] offsets again, not held in registers across the loop
+            q_off, head, dmask = _q_offsets(token, g, kvh, G, Hq, D, BLOCK_D)
+            st = live[:, None] & dmask
         else:
             for ch in range(ch_lo, ch_hi + 1):
                 first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
@@ -412,7 +477,12 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
                 run_m, run_l = _merge_into_attn(run_m, run_l, m, lsum, o, any_c, attn_ptr,
                                                 q_off, st, later)
             any_chunk = tl.full((BLOCK_M, 1), ch_hi, tl.int32) >= ch_lo
-        run_o = tl.load(attn_ptr + q_off, mask=st & any_chunk, other=0.0)
+        if REG_O and not SAFE and not FLAT:
+            # what the attn output would hold: the live rows' O (0 where no chunk ran); rows
+            # past the tile's tokens never enter the flag or a store
+            run_o = tl.where(st & any_chunk, run_o, 0.0)
+        else:
+            run_o = tl.load(attn_ptr + q_off, mask=st & any_chunk, other=0.0)
         if not SAFE:
             tl.store(redo_ptr + slot, _nonfinite(run_o))
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head,
