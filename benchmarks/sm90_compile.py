@@ -22,6 +22,13 @@ SIGNATURES = {
     "_attn_fwd_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, gate_ptr=P, **_INDEX, out_ptr=P,
                              attn_ptr=F, lse_ptr=F, go_ptr=I32, redo_ptr=I32, **_SIZES,
                              window="i32", c="fp32"),
+    "_attn_bwd_dq_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, da_ptr=P, delta_ptr=F, lse_ptr=F,
+                                **_INDEX, dq_ptr=P, **_SIZES, window="i32", c="fp32",
+                                scale="fp32"),
+    "_attn_bwd_dkv_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, da_ptr=P, delta_ptr=F, lse_ptr=F,
+                                 block_rows_ptr=I32, key_len_ptr=I32, qrow_ptr=I32, dk_ptr=P,
+                                 dv_ptr=P, N="i32", Hq="i32", Hkv="i32", G="i32", D="i32",
+                                 NB="i32", window="i32", c="fp32", scale="fp32"),
 }  # fmt: skip
 BASE = dict(LOCAL=False, INTERPRET=False, IEEE=False, BLOCK=128, BLOCK_D=128, CHUNK_BLOCKS=4)
 _HINTED_INTS = ("Hq", "G", "D", "window")  # multiples of 16 at Muse Glimmer's geometry
@@ -44,6 +51,7 @@ def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages:
             consts.setdefault(name, p.default)
     hinted = [n for n, t in sig.items() if t.startswith("*") or n in _HINTED_INTS]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+    consts = {n: v for n, v in consts.items() if n in fn.arg_names}  # BASE's the kernel takes
     src = ASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages)
     return compile(src, target=GPUTarget("cuda", 90, 32), options=options), consts

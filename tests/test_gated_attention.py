@@ -310,7 +310,8 @@ VARIANTS = [  # (split, interior, flat, reg_o) beside the plain fused and split 
 def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     """``interior`` (blocks every live row of a tile sees whole skip the visibility mask),
     ``flat`` (the fused kernel's blocks in one loop, each chunk merged inside it) and
-    ``reg_o`` (the running O in registers, not in the attn output between chunks): packed
+    ``reg_o`` (the running O in registers, not in the attn output between chunks), each with
+    the tiles launched in either order (``heavy_first``): packed
     (tiles across sequence and window edges) and left-padded (rows without a query in a
     tile), with a NaN value and an infinite key: the plain kernels' bits."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -320,9 +321,12 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
             for split in (0, 1)}  # fmt: skip
     for split, interior, flat, reg_o in VARIANTS:
-        cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o}
-        got = _packed(seqs, backend="triton", config=cfg, **kw)
-        torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True, msg=str(cfg))
+        for heavy_first in (0, 1):
+            cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o,
+                   "heavy_first": heavy_first}  # fmt: skip
+            got = _packed(seqs, backend="triton", config=cfg, **kw)
+            torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
+                                       msg=str(cfg))  # fmt: skip
     g = torch.Generator().manual_seed(3)
     B, L = 3, 300
     q, gate = (torch.randn(B, L, HQ, D, generator=g).bfloat16() for _ in range(2))
@@ -335,6 +339,32 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
                              **kw)
             for i, r in ((0, 0), (1, 0), (1, 1))]  # fmt: skip
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def _grads(seqs, config, **kw):
+    leaves = [[t.clone().requires_grad_() for t in s] for s in seqs]
+    out = _packed(leaves, backend="triton", config=config, **kw)
+    up = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(out.device)
+    (out.float() * up).sum().backward()
+    return [t.grad for s in leaves for t in s]
+
+
+BWD_CONFIGS = [{"bwd_block_m": 128}, {"bwd_stages": 2, "bwd_warps": 4},
+               {"bwd_block_m": 128, "bwd_stages": 2}, {"dkv_keys": 64},
+               {"heavy_first": 1, "bwd_block_m": 128, "dkv_keys": 64}, {"dkv_t": 1},
+               {"dkv_t": 1, "dkv_keys": 64, "bwd_stages": 2}]  # fmt: skip
+
+
+@pytest.mark.parametrize("kw", LAYERS, ids=["global", "local"])
+def test_the_backwards_launch_options_give_the_same_bits(kw, monkeypatch):
+    """dq's tile rows (and their launch order), the backward kernels' warps and stages and
+    the key rows a dk/dv program takes: every gradient's bits (and the output's)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seqs = _seqs([300, 90], torch.bfloat16, seed=21)
+    base = _grads(seqs, {}, **kw)
+    for cfg in BWD_CONFIGS:
+        for a, b in zip(_grads(seqs, cfg, **kw), base, strict=True):
+            assert torch.equal(a, b), cfg
 
 
 @pytest.mark.gpu
@@ -353,9 +383,16 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
     cu = torch.tensor([0, 1000, L])  # two sequences: a tile across their edge
     train = attention.packed(q, k, v, gate, cu, backend="triton", **kw)
     for cfg in ({"interior": 1}, {"interior": 1, "flat": 1}, {"num_stages": 3, "interior": 1},
-                {"interior": 1, "reg_o": 1}, {"interior": 1, "reg_o": 1, "num_stages": 3}):
+                {"interior": 1, "reg_o": 1}, {"interior": 1, "reg_o": 1, "num_stages": 3},
+                {"interior": 1, "reg_o": 1, "heavy_first": 1}):
         other = attention.packed(q, k, v, gate, cu, backend="triton", config=cfg, **kw)
         assert torch.equal(other, train), cfg
+    cuts = [(0, 1000), (1000, L)]
+    seqs = [tuple(t[a:b] for t in (q, k, v, gate)) for a, b in cuts]
+    base = _grads(seqs, {}, **kw)
+    for cfg in BWD_CONFIGS:
+        for a, b in zip(_grads(seqs, cfg, **kw), base, strict=True):
+            assert torch.equal(a, b), cfg
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
     for split, interior in ((0, 0), (1, 0), (0, 1), (1, 1)):
         cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,

@@ -112,6 +112,21 @@ CONFIG_SPACE = {
     # the fused kernel's running O in registers beside the chunk's (two accumulators), not
     # in the attn output between chunks (same bits)
     "reg_o": (0, 1),
+    # the backward's launches: dq's query rows a tile, the warps of the dq and dk/dv kernels
+    # and the pipeline stages of each (a tile's rows and the loads' schedule: no order changes)
+    "bwd_block_m": (64, 128),
+    "bwd_warps": (4, 8),
+    "bwd_stages": (1, 2),
+    "dkv_stages": (1, 2),
+    # key rows a dk/dv program takes (a divisor of the 128-position block: more programs for
+    # short causal calls, whose first blocks carry most of the work)
+    "dkv_keys": (64, 128),
+    # dk/dv's products key-major (S^T = k q^T): P^T and dS^T feed dv's and dk's products
+    # without a transpose (each element the same dot product: same bits)
+    "dkv_t": (0, 1),
+    # tiles launched last-first: a causal sequence's heaviest tiles (most keys) start first
+    # instead of forming the last wave (the fused forward and dq; independent programs)
+    "heavy_first": (0, 1),
 }
 
 
@@ -129,7 +144,11 @@ def default_config(call=None) -> dict:
     single token (decode at B = 1), whose few programs each walk a chunk's blocks one after
     another: two stages, 23.5 -> 20.1 us at L = 8192 and 34.3 -> 32.2 us at 32768 (at B = 8
     and 64 one stage stays faster; attention_decode_single_pass_h200.json). The contract
-    fixes no tile: no choice here changes a bit (the same files, attention_configs_h200.json)."""
+    fixes no tile: no choice here changes a bit (the same files, attention_configs_h200.json).
+    The backward from 1024 rows: dq in tiles of 128 rows and both gradient kernels with two
+    stages, forward+backward 1.37-1.48x faster in GPU time than 64 rows and one stage at
+    L = 8192 and 16384, global and local (8 warps: 4 ran 1.6-2.5x slower;
+    attention_backward_options_h200.json)."""
     return _defaults((getattr(call, "sizes", None) or {}).get("T"))
 
 
@@ -137,7 +156,11 @@ def _defaults(T: int | None) -> dict:
     """default_config's choices for a call of T query rows (None: unknown)."""
     return {"split": -1, "block_m": _block_m(T), "num_warps": _warps(T),
             "num_stages": _stages(T), "interior": 1, "flat": 0,
-            "reg_o": int(T is not None and T >= 1024)}  # fmt: skip
+            "reg_o": int(T is not None and T >= 1024),
+            "bwd_block_m": _block_m(T), "bwd_warps": 8,
+            "bwd_stages": 2 if T is not None and T >= 1024 else 1,
+            "dkv_stages": 2 if T is not None and T >= 1024 else 1,
+            "dkv_keys": BLOCK, "dkv_t": 0, "heavy_first": 0}  # fmt: skip
 
 
 def _block_m(T: int | None) -> int:
@@ -229,6 +252,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     block_m = max(int(cfg["block_m"]), _pow2(G))
     bounded = no_readback(seq)
     table = tiles(seq, max(1, block_m // G), compact=not bounded)
+    if cfg.get("heavy_first"):
+        table = table.flip(0).contiguous()
     local = layer == "local"
     split = int(cfg["split"])
     if split < 0:
@@ -377,18 +402,25 @@ def backward(config, saved, grads, needs, *, layer, window, scale):
                   BLOCK_D=_pow2(D))  # fmt: skip
     dev = q.device  # the tile table and query slots from the index inputs where they live
     dpos, block_rows, key_len = (on_device(t, dev) for t in (positions, block_rows, key_len))
+    cfg = {**_defaults(T), **(config or {})}
+    warps = int(cfg["bwd_warps"])
     if needs["q"]:
-        block_m = max(64, _pow2(G))
-        table = on_device(tiles(seq, max(1, block_m // G)), dev)
+        block_m = max(int(cfg["bwd_block_m"]), _pow2(G))
+        table = tiles(seq, max(1, block_m // G))
+        table = on_device(table.flip(0).contiguous() if cfg["heavy_first"] else table, dev)
         launch(kk._attn_bwd_dq_kernel, (table.shape[0], Hkv), q, k, v, da, delta, lse,
                dpos, block_rows, key_len, table, dq, T, N, Hq, Hkv, G, D, NB,
-               int(window or 0), c, sc, BLOCK_M=block_m, num_warps=8, num_stages=1,
-               **common)  # fmt: skip
+               int(window or 0), c, sc, BLOCK_M=block_m, num_warps=warps,
+               num_stages=int(cfg["bwd_stages"]), **common)  # fmt: skip
     if needs["k"] or needs["v"]:
         qrow = on_device(query_slots(positions, seq, S, NB), dev)
-        launch(kk._attn_bwd_dkv_kernel, (S * NB, Hkv), q, k, v, da, delta, lse, block_rows,
-               key_len, qrow, dk, dv, N, Hq, Hkv, G, D, NB, int(window or 0), c, sc,
-               num_warps=8, num_stages=1, **common)  # fmt: skip
+        keys = int(cfg["dkv_keys"])
+        if keys not in CONFIG_SPACE["dkv_keys"]:
+            raise ValueError(f"config dkv_keys={keys}: one of {CONFIG_SPACE['dkv_keys']}")
+        launch(kk._attn_bwd_dkv_kernel, (S * NB * (BLOCK // keys), Hkv), q, k, v, da, delta,
+               lse, block_rows, key_len, qrow, dk, dv, N, Hq, Hkv, G, D, NB, int(window or 0),
+               c, sc, KEYS=keys, TRANS=bool(cfg["dkv_t"]), num_warps=warps,
+               num_stages=int(cfg["dkv_stages"]), **common)  # fmt: skip
     return _needed(needs, dq, dk, dv, d_gate)
 
 

@@ -666,23 +666,90 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, da_ptr, delta_ptr, lse_ptr, positio
 
 
 @triton.jit
+def _dkv_heads(q_ptr, da_ptr, lse_ptr, delta_ptr, kt, vt, tok, has, vis, kvh, G, Hq, D, d,
+               dmask, c, dk, dv, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
+    """One query block's terms of dk and dv, the group's heads ascending: S [slot, key] =
+    q k^T, P, dP = dA v^T, dS; dv += P^T dA, dk += dS^T q."""
+    for g in range(G):
+        head = kvh * G + g
+        r_off = tok.to(tl.int64) * Hq + head
+        q_off = r_off[:, None] * D + d[None, :]
+        qm = has[:, None] & dmask
+        qt = tl.load(q_ptr + q_off, mask=qm, other=0.0)
+        da = tl.load(da_ptr + q_off, mask=qm, other=0.0)
+        lse = tl.load(lse_ptr + r_off, mask=has, other=0.0)
+        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        delta = tl.load(delta_ptr + r_off, mask=has, other=0.0)
+        s2 = _mm_nt(qt, kt, INTERPRET, IEEE) * c  # [query slot, key]
+        p = tl.where(vis, tl.exp2(s2 - lse[:, None]), 0.0)
+        dp = _mm_nt(da, vt, INTERPRET, IEEE)
+        ds = cast(tl.where(vis, p * (dp - delta[:, None]), 0.0), kt.dtype, INTERPRET)
+        dv = _mm_acc(tl.trans(cast(p, kt.dtype, INTERPRET)), da, dv, INTERPRET, IEEE)
+        dk = _mm_acc(tl.trans(ds), qt, dk, INTERPRET, IEEE)
+    return dk, dv
+
+
+@triton.jit
+def _dkv_block_t(q_ptr, da_ptr, lse_ptr, delta_ptr, qrow_ptr, kt, vt, s, NB, qb, jpos, kmask,
+                 window, kvh, G, Hq, D, d, dmask, c, dk, dv, LOCAL: tl.constexpr,
+                 INTERPRET: tl.constexpr, IEEE: tl.constexpr, BLOCK: tl.constexpr):
+    """Query block qb's terms of dk and dv, the group's heads ascending, key-major:
+    S^T [key, slot] = k q^T, P^T, dP^T = v dA^T, dS^T; dv += P^T dA, dk += dS^T q."""
+    jq = tl.arange(0, BLOCK)
+    qpos = qb * BLOCK + jq
+    tok = tl.load(qrow_ptr + (s * NB + qb).to(tl.int64) * BLOCK + jq)
+    has = tok >= 0
+    # vis_t[key, i]: key j is seen by query slot i (never past key_len here)
+    vis_t = (jpos[:, None] <= qpos[None, :]) & has[None, :] & kmask[:, None]
+    if LOCAL:
+        vis_t = vis_t & (jpos[:, None] > qpos[None, :] - window)
+    for g in range(G):
+        head = kvh * G + g
+        r_off = tok.to(tl.int64) * Hq + head
+        q_off = r_off[:, None] * D + d[None, :]
+        qm = has[:, None] & dmask
+        qt = tl.load(q_ptr + q_off, mask=qm, other=0.0)
+        da = tl.load(da_ptr + q_off, mask=qm, other=0.0)
+        lse = tl.load(lse_ptr + r_off, mask=has, other=0.0)
+        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        delta = tl.load(delta_ptr + r_off, mask=has, other=0.0)
+        s2 = _mm_nt(kt, qt, INTERPRET, IEEE) * c  # [key, query slot]
+        p = tl.where(vis_t, tl.exp2(s2 - lse[None, :]), 0.0)
+        dp = _mm_nt(vt, da, INTERPRET, IEEE)
+        ds = cast(tl.where(vis_t, p * (dp - delta[None, :]), 0.0), kt.dtype, INTERPRET)
+        dv = _mm_acc(cast(p, kt.dtype, INTERPRET), da, dv, INTERPRET, IEEE)
+        dk = _mm_acc(ds, qt, dk, INTERPRET, IEEE)
+    return dk, dv
+
+
+@triton.jit
 def _attn_bwd_dkv_kernel(q_ptr, k_ptr, v_ptr, da_ptr, delta_ptr, lse_ptr, block_rows_ptr,
                          key_len_ptr, qrow_ptr, dk_ptr, dv_ptr, N, Hq, Hkv, G, D, NB, window, c,
                          scale, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
-                         BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+                         BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, KEYS: tl.constexpr,
+                         TRANS: tl.constexpr = False):
     """dk and dv of key block b of sequence s (program (s * NB + b, kv head)): the
     sequence's queries in blocks of BLOCK positions, ascending, each block's query slots
     indexed by position (qrow: the token row at each position of each sequence, -1 where
     none), the heads of the group ascending within a block; one float32 accumulator each,
-    scale applied once. Nothing from another sequence enters, and nothing is added twice."""
-    sb = tl.program_id(0)
+    scale applied once. Nothing from another sequence enters, and nothing is added twice.
+    KEYS (a divisor of BLOCK): the key rows a program takes, program
+    ((s * NB + b) * (BLOCK // KEYS) + part, kv head) the part-th KEYS rows of block b. Every
+    part walks the whole block's query range, so a key meets the same query blocks, with
+    the same (zero where unseen) terms, whatever KEYS is: the same bits. TRANS: the
+    products computed key-major (S^T = k q^T, dP^T = v dA^T), so P^T and dS^T enter dv's and
+    dk's products without a transpose; each element is the same dot product over D and the
+    same elementwise steps: the same bits."""
+    sb = tl.program_id(0) // (BLOCK // KEYS)
+    part = tl.program_id(0) % (BLOCK // KEYS)
     kvh = tl.program_id(1)
     s = sb // NB
     b = sb % NB
     rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
     klen = tl.load(key_len_ptr + s).to(tl.int32)
-    if (rowb >= 0) & (b * BLOCK < klen):
-        j = tl.arange(0, BLOCK)
+    if (rowb >= 0) & (b * BLOCK + part * KEYS < klen):
+        j = part * KEYS + tl.arange(0, KEYS)  # the program's keys within the block
+        jq = tl.arange(0, BLOCK)  # a query block's slots
         d = tl.arange(0, BLOCK_D)
         dmask = d[None, :] < D
         jpos = b * BLOCK + j
@@ -691,35 +758,26 @@ def _attn_bwd_dkv_kernel(q_ptr, k_ptr, v_ptr, da_ptr, delta_ptr, lse_ptr, block_
         kv_off = (krow.to(tl.int64)[:, None] * Hkv + kvh) * D + d[None, :]
         kt = tl.load(k_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
         vt = tl.load(v_ptr + kv_off, mask=kmask[:, None] & dmask, other=0.0)
-        dk = tl.zeros((BLOCK, BLOCK_D), tl.float32)
-        dv = tl.zeros((BLOCK, BLOCK_D), tl.float32)
+        dk = tl.zeros((KEYS, BLOCK_D), tl.float32)
+        dv = tl.zeros((KEYS, BLOCK_D), tl.float32)
         qb_hi = NB - 1
         if LOCAL:
             qb_hi = tl.minimum(qb_hi, (b * BLOCK + BLOCK - 1 + window - 1) // BLOCK)
         for qb in range(b, qb_hi + 1):
-            qpos = qb * BLOCK + j  # the block's query slots, by position
-            tok = tl.load(qrow_ptr + (s * NB + qb).to(tl.int64) * BLOCK + j)
-            has = tok >= 0
-            # vis[i, key]: query slot i sees key j (a key is never past key_len here)
-            vis = (jpos[None, :] <= qpos[:, None]) & has[:, None] & kmask[None, :]
-            if LOCAL:
-                vis = vis & (jpos[None, :] > qpos[:, None] - window)
-            for g in range(G):
-                head = kvh * G + g
-                r_off = tok.to(tl.int64) * Hq + head
-                q_off = r_off[:, None] * D + d[None, :]
-                qm = has[:, None] & dmask
-                qt = tl.load(q_ptr + q_off, mask=qm, other=0.0)
-                da = tl.load(da_ptr + q_off, mask=qm, other=0.0)
-                lse = tl.load(lse_ptr + r_off, mask=has, other=0.0)
-                lse = tl.where(lse == float("-inf"), 0.0, lse)
-                delta = tl.load(delta_ptr + r_off, mask=has, other=0.0)
-                s2 = _mm_nt(qt, kt, INTERPRET, IEEE) * c  # [query slot, key]
-                p = tl.where(vis, tl.exp2(s2 - lse[:, None]), 0.0)
-                dp = _mm_nt(da, vt, INTERPRET, IEEE)
-                ds = cast(tl.where(vis, p * (dp - delta[:, None]), 0.0), kt.dtype, INTERPRET)
-                dv = _mm_acc(tl.trans(cast(p, kt.dtype, INTERPRET)), da, dv, INTERPRET, IEEE)
-                dk = _mm_acc(tl.trans(ds), qt, dk, INTERPRET, IEEE)
+            if TRANS:
+                dk, dv = _dkv_block_t(q_ptr, da_ptr, lse_ptr, delta_ptr, qrow_ptr, kt, vt, s,
+                                      NB, qb, jpos, kmask, window, kvh, G, Hq, D, d, dmask, c,
+                                      dk, dv, LOCAL, INTERPRET, IEEE, BLOCK)  # fmt: skip
+            else:
+                qpos = qb * BLOCK + jq  # the block's query slots, by position
+                tok = tl.load(qrow_ptr + (s * NB + qb).to(tl.int64) * BLOCK + jq)
+                has = tok >= 0
+                # vis[i, key]: query slot i sees key j (a key is never past key_len here)
+                vis = (jpos[None, :] <= qpos[:, None]) & has[:, None] & kmask[None, :]
+                if LOCAL:
+                    vis = vis & (jpos[None, :] > qpos[:, None] - window)
+                dk, dv = _dkv_heads(q_ptr, da_ptr, lse_ptr, delta_ptr, kt, vt, tok, has, vis,
+                                    kvh, G, Hq, D, d, dmask, c, dk, dv, INTERPRET, IEEE)
         st = kmask[:, None] & dmask
         tl.store(dk_ptr + kv_off, cast(dk * scale, dk_ptr.dtype.element_ty, INTERPRET), mask=st)
         tl.store(dv_ptr + kv_off, cast(dv, dv_ptr.dtype.element_ty, INTERPRET), mask=st)
