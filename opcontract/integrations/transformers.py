@@ -519,9 +519,12 @@ def logprob_head(
 @dataclasses.dataclass
 class OpcontractCausalLMOutput(mg.MuseGlimmerCausalLMOutputWithPast):
     """The stock output, with ``lse`` [B, kept positions] float32: the log-sum-exp of each
-    row of ``logits`` as softcap_logprob merges it (``logits[..., y] - lse`` is its log-prob)."""
+    row of ``logits`` as softcap_logprob merges it (``logits[..., y] - lse`` is its log-prob),
+    and ``token_accuracy`` (the fraction of labelled tokens whose argmax is the label) when
+    asked with ``return_token_accuracy=True``. Training with labels returns no logits."""
 
     lse: torch.FloatTensor | None = None
+    token_accuracy: torch.FloatTensor | None = None
 
 
 def _check_position_ids(
@@ -572,21 +575,30 @@ def _check_generation_mask(mask: torch.Tensor | None) -> None:
 
 
 def _lm_output(model: nn.Module, backend: str | None, outputs: Any, labels, logits_to_keep,
-               num_items_in_batch) -> OpcontractCausalLMOutput:  # fmt: skip
-    """The head over the text model's ``outputs``: logits and lse of the kept positions, and
-    with ``labels`` the mean next-token loss through softcap_logprob."""
+               num_items_in_batch, skip_logits: bool | None = None,
+               return_token_accuracy: bool = False) -> OpcontractCausalLMOutput:  # fmt: skip
+    """The head over the text model's ``outputs``: logits and lse of the kept positions
+    (unless skipped: by default when training with labels), and with ``labels`` the
+    next-token loss through linear_cross_entropy (no [B, S, V] logits) and, when asked, the
+    token accuracy."""
     hidden = outputs.last_hidden_state
-    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-    logits, lse = _head(model, hidden[:, keep, :], backend)
-    loss = None
+    if return_token_accuracy and labels is None:
+        raise ValueError("return_token_accuracy=True needs labels")
+    if skip_logits is None:
+        skip_logits = labels is not None and model.training
+    logits = lse = None
+    if not skip_logits:
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits, lse = _head(model, hidden[:, keep, :], backend)
+    loss = accuracy = None
     if labels is not None:
         h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
         tgt = labels[:, 1:].reshape(-1).to(hidden.device)
-        lp = logprob_head(model, h, tgt, backend=backend).logprob
-        n = num_items_in_batch
-        if n is None:
-            n = (tgt != -100).sum().clamp(min=1)
-        loss = -lp.sum() / n  # all labels -100: a zero loss that still has a backward
+        kept = (tgt != -100).sum().clamp(min=1)
+        n = kept if num_items_in_batch is None else num_items_in_batch
+        total, hits = _label_loss(model, h, tgt, backend, return_token_accuracy)
+        loss = total / n  # all labels -100: a zero loss that still has a backward
+        accuracy = None if hits is None else hits / kept
     return OpcontractCausalLMOutput(
         loss=loss,
         logits=logits,
@@ -594,7 +606,30 @@ def _lm_output(model: nn.Module, backend: str | None, outputs: Any, labels, logi
         hidden_states=outputs.hidden_states,
         attentions=outputs.attentions,
         lse=lse,
+        token_accuracy=accuracy,
     )
+
+
+def _label_loss(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                backend: str | None, accuracy: bool):  # fmt: skip
+    """(summed next-token loss, summed argmax hits or None) over rows [T, H] and targets
+    [T] (-100 ignored): linear_cross_entropy (reduction sum: a fixed pairwise tree over the
+    rows), or the vocabulary-parallel head's log-probs when the head is sharded."""
+    if getattr(model, SHARDED_HEAD, None) is not None:
+        out = logprob_head(model, hidden, targets, predicted=accuracy, backend=backend)
+        hits = None
+        if accuracy:
+            hits = ((out.predicted == targets) & (targets != -100)).sum().float()
+        return -out.logprob.sum(), hits
+    text = model.config.text_config
+    out = _op("linear_cross_entropy", backend)(
+        hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
+        softcap=text.final_logit_softcapping, reduction="sum",
+        return_token_accuracy=accuracy,
+    )  # fmt: skip
+    if isinstance(out, torch.Tensor):
+        return out, None
+    return out.loss, out.token_accuracy
 
 
 def _static_forward(model: nn.Module, backend: str | None, input_ids, attention_mask,
@@ -654,6 +689,8 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,
+        return_token_accuracy: bool = False,
         **kwargs: Any,
     ) -> OpcontractCausalLMOutput:
         ref = input_ids if input_ids is not None else inputs_embeds
@@ -694,7 +731,8 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         finally:
             if past_key_values is not None:
                 past_key_values._host_mask = None
-        return _lm_output(self, backend, outputs, labels, logits_to_keep, num_items_in_batch)
+        return _lm_output(self, backend, outputs, labels, logits_to_keep, num_items_in_batch,
+                          skip_logits, return_token_accuracy)
 
     model.forward = types.MethodType(forward, model)
     object.__setattr__(model, OPCONTRACT_FORWARD, model.forward)  # what integrations.trl wraps
