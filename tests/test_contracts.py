@@ -89,3 +89,21 @@ def test_check_grammar():
     assert check_value("finite", float("inf"))
     with pytest.raises(ValueError):
         parse_check("positive")
+
+
+def test_a_neutral_param_leaves_the_numerics_hash_and_its_value_moves_it():
+    """temperature is declared neutral at its default: the hash is the one without the param
+    (the shipped tuning was verified before it existed); a non-neutral param, or another
+    default, moves it; neutral must be the default."""
+    start = "  temperature:\n"
+    text = open(SHIPPED.path).read()
+    block = text[text.index(start) : text.index("  return_entropy:\n")]
+    text = text.replace(", temperature: 0.7}", "}")  # its conformance case
+    without = parse_contract(text.replace(block, "", 1))
+    assert SHIPPED.numerics_sha256 == without.numerics_sha256
+    assert SHIPPED.params["temperature"].math and "temperature" not in SHIPPED.math
+    plain = block.replace("    neutral: 1.0\n", "", 1)
+    plain = plain[: plain.index("    math: |")]
+    assert parse_contract(text.replace(block, plain, 1)).numerics_sha256 != without.numerics_sha256
+    with pytest.raises(ContractFileError, match="neutral 1.0 must be the default"):
+        parse_contract(text.replace(block, block.replace("default: 1.0", "default: 2.0", 1), 1))

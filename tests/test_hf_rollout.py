@@ -78,6 +78,31 @@ def test_rollout_logprob_is_the_models_distribution_under_a_temperature():
     assert torch.equal(ro.logprobs, train_logprobs(model, ro, ids.shape[1]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rollout_records_logprobs_at_the_sampling_temperature(dtype):
+    """logprob_temperature=0.7: each sampled token's log-prob of softmax(z / 0.7), equal to
+    the training forward's at that temperature (token_logprobs(temperature=0.7)), bitwise,
+    in the batch and alone; the temperature-1 values differ (the comparison sees it)."""
+    model = apply_opcontract(tiny_muse_glimmer(dtype), backend="torch")
+    ids, mask = left_padded(LENS)
+    kw = dict(max_new_tokens=NEW, do_sample=True, temperature=0.7, logprob_temperature=0.7)
+    torch.manual_seed(2)
+    ro = generate_with_logprobs(model, ids, mask, **kw)
+    with torch.no_grad():
+        train = token_logprobs(model, ro.sequences, ro.attention_mask, backend="torch",
+                               temperature=0.7)[:, ids.shape[1] - 1 :]  # fmt: skip
+    assert torch.equal(ro.logprobs, train)
+    assert bool((ro.logprobs != train_logprobs(model, ro, ids.shape[1])).all())
+    torch.manual_seed(5)
+    ro1 = generate_with_logprobs(model, ids[1:2], mask[1:2], **kw)
+    with torch.no_grad():
+        train1 = token_logprobs(model, ro1.sequences, ro1.attention_mask, backend="torch",
+                                temperature=0.7)[:, ids.shape[1] - 1 :]  # fmt: skip
+    assert torch.equal(ro1.logprobs, train1)
+    with pytest.raises(ValueError, match="logprob_temperature"):
+        generate_with_logprobs(model, ids, mask, max_new_tokens=2, logprob_temperature=0.0)
+
+
 def test_completion_mask_stops_after_eos():
     model = apply_opcontract(tiny_muse_glimmer(), backend="torch")
     ids, mask = left_padded(LENS)

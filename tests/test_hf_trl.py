@@ -24,7 +24,14 @@ trl = pytest.importorskip("trl")
 
 import trl.trainer.utils as trl_utils  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402
+from trl import (  # noqa: E402
+    GRPOConfig,
+    GRPOTrainer,
+    RLOOConfig,
+    RLOOTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 
 from opcontract.integrations import trl as oc_trl  # noqa: E402
 from opcontract.integrations.tiny import (  # noqa: E402
@@ -67,7 +74,7 @@ def _autocast(bf16: bool):
     return contextlib.nullcontext()
 
 
-def record_fused_calls(model, bf16: bool) -> list[dict]:
+def record_fused_calls(model, bf16: bool, temperature: float = 1.0) -> list[dict]:
     """For each fused_lm_head=True call: what the trainer got and what opcontract's functions
     give on the same model (same weights, same inputs, same autocast), right then."""
     seen: list[dict] = []
@@ -78,12 +85,12 @@ def record_fused_calls(model, bf16: bool) -> list[dict]:
         ids, mask, labels = kwargs["input_ids"], kwargs["attention_mask"], kwargs["labels"]
         tgt = labels[:, 1:]
         with torch.no_grad(), _autocast(bf16):
-            ref_lp = token_logprobs(module, ids, mask, backend="torch")
+            ref_lp = token_logprobs(module, ids, mask, backend="torch", temperature=temperature)
             hidden = module.model(input_ids=ids, attention_mask=mask, use_cache=False)
             hidden = hidden.last_hidden_state[:, :-1]
             keep = tgt != -100
             ref = logprob_head(module, hidden[keep], tgt[keep], entropy=True, predicted=True,
-                               backend="torch")  # fmt: skip
+                               backend="torch", temperature=temperature)  # fmt: skip
         seen.append(dict(out=out, keep=keep, tgt=tgt, ref_lp=ref_lp.masked_fill(~keep, 0.0),
                          ref=ref))  # fmt: skip
 
@@ -198,14 +205,18 @@ def test_grpo_trainer_through_opcontract(chunked_calls, tmp_path):
     assert trainer.state.log_history[0]["reward_std"] > 0  # a step with a gradient
 
 
-@pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
-def test_grpo_trainer_rollout_logprobs_equal_the_trainers(cache):
+@pytest.mark.parametrize(
+    "cache, temperature", [(None, 1.0), ("static", 1.0), (None, 0.7)],
+    ids=["dynamic", "static", "dynamic-t0.7"],
+)
+def test_grpo_trainer_rollout_logprobs_equal_the_trainers(cache, temperature):
     """The completions the GRPO trainer sampled, replayed through generate_with_logprobs
     (each step forced to the trainer's token): the rollout's log-probs equal the trainer's
     log_probs bitwise. ``static``: GRPOConfig(cache_implementation="static"), the trainer's
-    generation and the replay through OpcontractStaticCache."""
+    generation and the replay through OpcontractStaticCache. ``t0.7``: GRPO samples and
+    scores at temperature 0.7; the replay records log-probs at that temperature."""
     model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
-    trainer = grpo_trainer(model, bf16=False, cache_implementation=cache)
+    trainer = grpo_trainer(model, bf16=False, cache_implementation=cache, temperature=temperature)
     oc_trl.enable(trainer, backend="torch")
     seen, built = [], []
 
@@ -215,7 +226,8 @@ def test_grpo_trainer_rollout_logprobs_equal_the_trainers(cache):
             built.append(getattr(module, "_opcontract_static_cache", None) is not None)
             module.eval()  # generation in eval mode, as the trainer generates
             try:  # the weights the trainer used, before its optimizer step
-                ro = _forced_rollout(module, kwargs, cache_implementation=cache)
+                ro = _forced_rollout(module, kwargs, cache_implementation=cache,
+                                     logprob_temperature=temperature)  # fmt: skip
             finally:
                 module.train()
             seen.append((kwargs["input_ids"], kwargs["labels"], out.log_probs.detach(), ro))
@@ -257,13 +269,24 @@ def _forced_rollout(model, kwargs, **generate_kwargs):
     )  # fmt: skip
 
 
-def test_enable_refuses_a_temperature_and_changes_nothing():
+def test_enable_serves_trls_temperature():
+    """GRPO at temperature 0.7: the head scores softmax(z / 0.7), as TRL's does: log_probs
+    bitwise token_logprobs(temperature=0.7), and against TRL's own chunked head on the same
+    model within float32 rounding (a negative control: not the temperature-1 values)."""
     model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
-    trainer = grpo_trainer(model, temperature=0.7)
-    trls = model.forward
-    with pytest.raises(OpcontractPatchError, match="temperature=0.7"):
-        oc_trl.enable(trainer)
-    assert model.forward is trls and not oc_trl.is_enabled(model)
+    trainer = grpo_trainer(model, bf16=False, temperature=0.7)
+    ids, mask = left_padded([3, 5])
+    labels = ids.masked_fill(mask == 0, -100)
+    trls = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    oc_trl.enable(trainer)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    keep = labels[:, 1:] != -100
+    assert torch.equal(out.log_probs[keep], token_logprobs(model, ids, mask,
+                                                           temperature=0.7)[keep])  # fmt: skip
+    assert torch.allclose(out.log_probs, trls.log_probs, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(out.entropy, trls.entropy, rtol=1e-5, atol=1e-5)
+    cold = token_logprobs(model, ids, mask)[keep]
+    assert (out.log_probs[keep] - cold).abs().max() > 1e-3
 
 
 def test_enable_patches_an_unpatched_model_and_is_idempotent(chunked_calls):
@@ -290,3 +313,35 @@ def test_enable_refuses_outputs_it_does_not_serve_and_changes_nothing():
     with pytest.raises(OpcontractPatchError, match="mean_logits"):
         oc_trl.enable(trainer)
     assert model.forward is trls and not oc_trl.is_enabled(model)
+
+
+def test_rloo_trainer_through_opcontract(chunked_calls, tmp_path):
+    """RLOO at temperature 0.8 with a reference model (beta 0.05, loaded from the path):
+    policy and reference log-probs bitwise token_logprobs(temperature=0.8), entropy the
+    op's; TRL's chunked head never runs."""
+    model = tiny_muse_glimmer(eos_token_id=EOS)
+    model.save_pretrained(tmp_path)
+    model.config._name_or_path = str(tmp_path)
+    apply_opcontract(model, backend="torch")
+    g = torch.Generator().manual_seed(3)
+    prompts = [" ".join(f"t{int(i)}" for i in torch.randint(3, VOCAB, (n,), generator=g))
+               for n in (1, 4, 2, 3)]  # fmt: skip
+
+    def reward(completions, **kwargs):
+        return [-sum(int(w[1:]) for w in c.split()) / 100 for c in completions]
+
+    args = RLOOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=8,
+                      num_generations=2, max_completion_length=6, learning_rate=1e-4,
+                      temperature=0.8, beta=0.05, bf16=False, **COMMON)  # fmt: skip
+    trainer = RLOOTrainer(model=model, reward_funcs=reward, args=args,
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
+                          processing_class=tiny_tokenizer())  # fmt: skip
+    assert trainer.ref_model is not None
+    oc_trl.enable(trainer)
+    seen = record_fused_calls(model, False, temperature=0.8)
+    seen_ref = record_fused_calls(trainer.ref_model, False, temperature=0.8)
+    trainer.train()
+    assert chunked_calls == []
+    check_fused_calls(seen, top1=False)
+    check_fused_calls(seen_ref, top1=False)
+    assert trainer.state.log_history[0]["reward_std"] > 0

@@ -94,6 +94,7 @@ def render(c: Contract) -> str:
         "",
         "```",
         c.math.rstrip(),
+        *[f"{n}: {p.math.rstrip()}" for n, p in c.params.items() if p.math],
         "```",
         "",
         "## Reductions",

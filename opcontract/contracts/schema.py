@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 DType = Literal["bfloat16", "float16", "float32", "float64", "int32", "int64", "bool"]
 FLOAT_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float64")
@@ -77,7 +77,21 @@ class ParamSpec(_Strict):
     )
     check: str | None = None
     choices: list[str] | None = None
+    neutral: float | int | bool | str | None = Field(
+        None,
+        description="the default, declared inert: at this value every bit is the op's without "
+        "the param (a param added after tables were stamped)",
+    )
+    math: str | None = Field(None, description="the param's part of the math, when neutral")
     doc: str = ""
+
+    @model_validator(mode="after")
+    def _neutral_is_the_default(self) -> ParamSpec:
+        if self.neutral is not None and self.neutral != self.default:
+            raise ValueError(f"neutral {self.neutral!r} must be the default ({self.default!r})")
+        if self.math is not None and self.neutral is None:
+            raise ValueError("math: only a neutral param carries its own part of the math")
+        return self
 
 
 class OutputSpec(_Strict):
@@ -138,6 +152,7 @@ class Reduction(_Strict):
     merge: Merge = "add"
     split: Literal["none", "fixed_blocks"] = "none"
     phase: Literal["forward", "backward"] = "forward"
+    when: str | None = Field(None, description="bool param that asks for the output it serves")
     doc: str = ""
 
 
@@ -365,24 +380,35 @@ def check_value(text: str, value: float) -> str | None:
 
 # Fields added to the schema after tables were stamped: left out of the hash at their
 # default, so that a contract that doesn't use them keeps its hash (and its tuned entries).
-_LATER_FIELDS = {"required": False, "present_when": None}
+_LATER_FIELDS = {"required": False, "present_when": None, "neutral": None, "math": None}
 
 
 def _numerics_hash(c: Contract) -> str:
-    def strip(model: BaseModel, drop: tuple[str, ...] = ("doc",)) -> dict:
+    def strip(model: BaseModel, drop: tuple[str, ...] = ("doc",), later=_LATER_FIELDS) -> dict:
         return {
             k: v
             for k, v in model.model_dump(mode="json").items()
-            if k not in drop and not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])
+            if k not in drop and not (k in later and v == later[k])
         }
+
+    def inert(when: str | None) -> bool:  # asked for only by a neutral param
+        return when is not None and when in c.params and c.params[when].neutral is not None
 
     data = {
         "op": c.op,
         "inputs": {n: strip(s, ("doc", "host")) for n, s in c.inputs.items()},  # placement
-        "params": {n: strip(p) for n, p in c.params.items()},
-        "outputs": {n: strip(o, ("doc", "shape_when")) for n, o in c.outputs.items()},
+        # a neutral param (inert at its default) is left out with its math: the entries
+        # verified before it existed ran every call that leaves it at the default bit for bit
+        "params": {n: strip(p) for n, p in c.params.items() if p.neutral is None},
+        "outputs": {
+            n: strip(o, ("doc", "shape_when")) for n, o in c.outputs.items() if not inert(o.when)
+        },
         "math": c.math,
-        "reductions": {n: strip(r) for n, r in c.reductions.items()},
+        "reductions": {
+            n: strip(r, later={**_LATER_FIELDS, "when": None})
+            for n, r in c.reductions.items()
+            if not inert(r.when)
+        },
         "epilogue": [strip(e) for e in c.epilogue],
         "invariance": c.invariance,
         "forbid": c.forbid,
@@ -576,6 +602,9 @@ def semantic_problems(c: Contract) -> list[tuple[tuple, str]]:
     for name, o in c.outputs.items():
         if o.when is not None and (o.when not in c.params or c.params[o.when].type != "bool"):
             out.append((("outputs", name, "when"), f"'{o.when}' is not a bool param"))
+    for name, r in c.reductions.items():
+        if r.when is not None and (r.when not in c.params or c.params[r.when].type != "bool"):
+            out.append((("reductions", name, "when"), f"'{r.when}' is not a bool param"))
     optional = [n for n, o in c.outputs.items() if o.when]
     if optional and not c.named_result:
         out.append((("outputs",), f"optional outputs {optional} need a named_result"))

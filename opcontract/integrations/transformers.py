@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -494,14 +495,21 @@ def logprob_head(
     entropy: bool = False,
     predicted: bool = False,
     backend: str | None = None,
+    temperature: float = 1.0,
 ):
     """The trainer's head: softcap_logprob over final hidden rows [T, H] and their targets
-    [T] (-100 ignored), with the model's multiplier and soft cap. A ``LogprobOutput``
-    (``logprob`` [T] float32, ``entropy`` and ``predicted`` when asked). Rows are
-    batch-invariant: a row's bits do not depend on the other rows in the call."""
+    [T] (-100 ignored), with the model's multiplier and soft cap, of softmax(z /
+    ``temperature``). A ``LogprobOutput`` (``logprob`` [T] float32, ``entropy`` and
+    ``predicted`` when asked). Rows are batch-invariant: a row's bits do not depend on the
+    other rows in the call."""
     text = model.config.text_config
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
+        if temperature != 1.0:
+            raise ValueError(
+                f"temperature={temperature!r}: the vocabulary-parallel head has no temperature "
+                "(its vocab_slice contracts declare none); use temperature 1.0 or an unsharded head"
+            )
         w = model.lm_head.weight
         w = w.to_local() if hasattr(w, "to_local") else w
         lp = sharded.logprob(hidden, w, targets)
@@ -512,6 +520,7 @@ def logprob_head(
     out = _op("softcap_logprob", backend)(
         hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,
+        temperature=temperature,
     )  # fmt: skip
     return LogprobOutput(logprob=out) if isinstance(out, torch.Tensor) else out
 
@@ -521,10 +530,12 @@ class OpcontractCausalLMOutput(mg.MuseGlimmerCausalLMOutputWithPast):
     """The stock output, with ``lse`` [B, kept positions] float32: the log-sum-exp of each
     row of ``logits`` as softcap_logprob merges it (``logits[..., y] - lse`` is its log-prob),
     and ``token_accuracy`` (the fraction of labelled tokens whose argmax is the label) when
-    asked with ``return_token_accuracy=True``. Training with labels returns no logits."""
+    asked with ``return_token_accuracy=True``. Training with labels returns no logits.
+    ``head_hidden`` [B, kept positions, H]: the final hidden rows the logits came from."""
 
     lse: torch.FloatTensor | None = None
     token_accuracy: torch.FloatTensor | None = None
+    head_hidden: torch.FloatTensor | None = None
 
 
 def _check_position_ids(
@@ -586,10 +597,11 @@ def _lm_output(model: nn.Module, backend: str | None, outputs: Any, labels, logi
         raise ValueError("return_token_accuracy=True needs labels")
     if skip_logits is None:
         skip_logits = labels is not None and model.training
-    logits = lse = None
+    logits = lse = kept_hidden = None
     if not skip_logits:
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits, lse = _head(model, hidden[:, keep, :], backend)
+        kept_hidden = hidden[:, keep, :]
+        logits, lse = _head(model, kept_hidden, backend)
     loss = accuracy = None
     if labels is not None:
         h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
@@ -607,6 +619,7 @@ def _lm_output(model: nn.Module, backend: str | None, outputs: Any, labels, logi
         attentions=outputs.attentions,
         lse=lse,
         token_accuracy=accuracy,
+        head_hidden=kept_hidden,
     )
 
 
@@ -934,17 +947,18 @@ def token_logprobs(
     attention_mask: torch.Tensor | None = None,
     *,
     backend: str | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """The training forward's log-probability of each next token: [B, L - 1] float32,
     entry t the log-prob of input_ids[:, t + 1] given the tokens up to t (softcap_logprob,
-    the head the trainer takes). Padding targets give 0."""
+    the head the trainer takes, of softmax(z / ``temperature``)). Padding targets give 0."""
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
                          use_cache=False).last_hidden_state  # fmt: skip
     tgt = input_ids[:, 1:]
     if attention_mask is not None:
         tgt = tgt.masked_fill(attention_mask[:, 1:] == 0, -100)
     lp = logprob_head(model, hidden[:, :-1, :].reshape(-1, hidden.shape[-1]), tgt.reshape(-1),
-                      backend=backend).logprob  # fmt: skip
+                      backend=backend, temperature=temperature).logprob  # fmt: skip
     return lp.reshape(tgt.shape)
 
 
@@ -966,6 +980,8 @@ def generate_with_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
+    *,
+    logprob_temperature: float = 1.0,
     **generate_kwargs: Any,
 ) -> Rollout:
     """``model.generate(...)`` on a patched model, recording each generated token's log-prob
@@ -975,28 +991,45 @@ def generate_with_logprobs(
     step's input token is the one sampled from them, so its log-prob is taken then (and the
     last one after generate returns): memory [B, V], not [B, N, V]. The log-prob is of the
     model's distribution, before any logits processor (temperature, top-k, ...): exactly
-    what :func:`token_logprobs` gives a training forward over the finished sequences."""
+    what :func:`token_logprobs` gives a training forward over the finished sequences.
+    ``logprob_temperature``: record the log-prob of softmax(z / temperature) instead (what a
+    trainer at that temperature scores, e.g. GRPO's; pass the sampling temperature): the
+    hook then keeps the last position's final hidden row and runs softcap_logprob at that
+    temperature on it, so the value is ``token_logprobs(..., temperature=...)``'s, bitwise."""
     if not is_patched(model):
         raise OpcontractPatchError("generate_with_logprobs: the model is not patched")
     for name in ("num_beams", "num_return_sequences"):
         if generate_kwargs.get(name) not in (None, 1):
             raise ValueError(f"generate_with_logprobs: {name}={generate_kwargs[name]!r} is not "
                              "supported (one sequence per prompt row)")  # fmt: skip
+    tempered = float(logprob_temperature) != 1.0
+    if tempered and not (math.isfinite(logprob_temperature) and logprob_temperature > 0):
+        raise ValueError(f"logprob_temperature={logprob_temperature!r}: must be > 0 and finite")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     steps: list[torch.Tensor] = []
-    last: list[tuple[torch.Tensor, torch.Tensor]] = []
+    last: list[tuple[torch.Tensor, ...]] = []
+
+    def logprob_of(kept: tuple[torch.Tensor, ...], y: torch.Tensor) -> torch.Tensor:
+        """[B] log-probs of tokens y [B, 1] from what the hook kept for their step."""
+        if tempered:
+            return logprob_head(model, kept[0], y[:, 0], backend=patched_backend(model),
+                                temperature=logprob_temperature).logprob  # fmt: skip
+        logits, lse = kept
+        return logits.gather(-1, y)[:, 0] - lse
 
     @torch.compiler.disable  # runs after a compiled forward, on its outputs
     def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if last:  # this call's last input token was sampled from the previous call's row
-            logits, lse = last.pop()
-            y = ids[:, -1:].to(logits.device)
-            steps.append(logits.gather(-1, y)[:, 0] - lse)
+            kept = last.pop()
+            steps.append(logprob_of(kept, ids[:, -1:].to(kept[0].device)))
         # copies: a CUDA-graph replay (the static cache's compiled decode) writes the next
         # step's outputs into the same buffers before this row's token is known
-        last.append((out.logits[:, -1].detach().clone(), out.lse[:, -1].detach().clone()))
+        if tempered:
+            last.append((out.head_hidden[:, -1].detach().clone(),))
+        else:
+            last.append((out.logits[:, -1].detach().clone(), out.lse[:, -1].detach().clone()))
 
     handle = model.register_forward_hook(hook, with_kwargs=True)
     try:
@@ -1008,8 +1041,9 @@ def generate_with_logprobs(
         seq = seq.sequences
     P, N = input_ids.shape[1], seq.shape[1] - input_ids.shape[1]
     if N:
-        logits, lse = last.pop()
-        steps.append(logits.gather(-1, seq[:, -1:].to(logits.device))[:, 0] - lse)
+        kept = last.pop()
+        with torch.no_grad():
+            steps.append(logprob_of(kept, seq[:, -1:].to(kept[0].device)))
     lp = torch.stack(steps, dim=1) if steps else seq.new_zeros(seq.shape[0], 0, dtype=torch.float32)
     if lp.shape[1] != N:
         raise RuntimeError(f"generate_with_logprobs: {lp.shape[1]} forward steps for {N} tokens")

@@ -11,17 +11,19 @@ model's forward with TRL's chunked head (``ChunkedLogProbFunction``) returning
 on ``trainer.model`` and ``trainer.ref_model``, with one that computes the same fields from
 opcontract's ``softcap_logprob`` (log-prob, entropy, argmax in one pass over the vocabulary,
 float32 from the GEMM accumulator on, never a [T, V] logits tensor), after checking what TRL
-asked for: the fields (``log_probs``, ``entropy``, ``is_top1``) and the temperature (1.0; the
-contract's head has none). Anything else is an :class:`OpcontractPatchError` naming it, with
-nothing changed. The per-token log-probs are then bitwise those of
-:func:`~opcontract.integrations.transformers.token_logprobs` and of the rollout's
-(:func:`~opcontract.integrations.transformers.generate_with_logprobs`).
+asked for: the fields (``log_probs``, ``entropy``, ``is_top1``) and the temperature (the
+contract's ``temperature``: softmax(z / temperature), as TRL's head). Anything else is an
+:class:`OpcontractPatchError` naming it, with nothing changed. The per-token log-probs are
+then bitwise those of :func:`~opcontract.integrations.transformers.token_logprobs` and of the
+rollout's (:func:`~opcontract.integrations.transformers.generate_with_logprobs`), at the same
+temperature.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 import types
 from typing import Any
 
@@ -58,28 +60,36 @@ def is_enabled(model: nn.Module) -> bool:
     return bool(getattr(_head_of(model), _HEAD_FLAG, False))
 
 
-def _trl_request(model: nn.Module, where: str) -> tuple[str, ...]:
-    """The outputs TRL's installed head was asked for (checked against what opcontract
-    serves); OUTPUTS when TRL installed none."""
+def _trl_request(model: nn.Module, where: str) -> tuple[tuple[str, ...], float]:
+    """The outputs and temperature TRL's installed head was asked for (checked against what
+    opcontract serves); (OUTPUTS, 1.0) when TRL installed none."""
     fwd = _head_of(model)
     if fwd is None or is_enabled(model):
-        return OUTPUTS
+        return OUTPUTS, 1.0
     fn = getattr(fwd, "__func__", fwd)
     code = getattr(fn, "__code__", None)  # functools.wraps renames the function, not its code
     if code is None or code.co_qualname != _TRL_HEAD or "trl" not in code.co_filename:
         if _hf.is_patched(model) and fwd is getattr(model, _hf.OPCONTRACT_FORWARD, None):
-            return OUTPUTS
+            return OUTPUTS, 1.0
         raise OpcontractPatchError(
             f"{where}.forward is {getattr(fn, '__qualname__', fn)!r}, neither TRL's fused head "
             "nor opcontract's; replacing it would drop whatever it does"
         )
     asked = inspect.getclosurevars(fn).nonlocals
     temperature = asked.get("temperature")
-    if temperature != 1.0:
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not (math.isfinite(temperature) and temperature > 0)
+    ):
         raise OpcontractPatchError(
-            f"{where}: TRL's fused head was given temperature={temperature!r}; opcontract's "
-            "head (softcap_logprob) has no temperature: z / temperature after the soft cap is "
-            "outside its contract. Train at temperature 1.0"
+            f"{where}: TRL's fused head was given temperature={temperature!r}; softcap_logprob's "
+            "temperature must be a number > 0 and finite"
+        )
+    if temperature != 1.0 and getattr(model, _hf.SHARDED_HEAD, None) is not None:
+        raise OpcontractPatchError(
+            f"{where}: temperature={temperature!r} with a vocabulary-parallel head, which has "
+            "no temperature; train at temperature 1.0 or with an unsharded head"
         )
     outputs = tuple(asked.get("outputs", ()))
     extra = [o for o in outputs if o not in OUTPUTS]
@@ -90,7 +100,7 @@ def _trl_request(model: nn.Module, where: str) -> tuple[str, ...]:
         )
     # cast_lm_head_to_fp32 needs nothing: a product of two bfloat16 numbers is exact in
     # float32, and softcap_logprob accumulates and soft-caps in float32 already.
-    return outputs
+    return outputs, float(temperature)
 
 
 def enable(trainer: Any, *, backend: str | None = None) -> Any:
@@ -116,12 +126,12 @@ def enable(trainer: Any, *, backend: str | None = None) -> Any:
                     f"backend={backend!r}: {where} is already patched with backend={chosen!r}"
                 )
         plans.append((model, _trl_request(model, where), chosen))
-    for model, outputs, chosen in plans:
+    for model, (outputs, temperature), chosen in plans:
         if is_enabled(model):
             continue
         amp = _amp_wrapped(model)
         _hf.apply_opcontract(model, backend=chosen)
-        install_head(model, outputs=outputs)
+        install_head(model, outputs=outputs, temperature=temperature)
         if amp:  # wrap the new head as accelerate wrapped TRL's (the same autocast)
             acc = trainer.accelerator
             ctx = get_mixed_precision_context_manager(acc.native_amp, acc.autocast_handler)
@@ -132,12 +142,14 @@ def enable(trainer: Any, *, backend: str | None = None) -> Any:
     return trainer
 
 
-def install_head(model: nn.Module, *, outputs: tuple[str, ...] = OUTPUTS) -> nn.Module:
+def install_head(
+    model: nn.Module, *, outputs: tuple[str, ...] = OUTPUTS, temperature: float = 1.0
+) -> nn.Module:
     """Give a patched model TRL's fused-head calling convention on opcontract's head (the
     backend it was patched with): ``model(..., labels=labels, fused_lm_head=True)`` returns a
     ``FusedCausalLMOutput`` whose per-token fields are zero where the next-token label is
-    -100; without ``fused_lm_head`` the call is the patched forward's (generation is
-    unchanged)."""
+    -100, of softmax(z / ``temperature``) as TRL's head at that temperature; without
+    ``fused_lm_head`` the call is the patched forward's (generation is unchanged)."""
     if not _hf.is_patched(model):
         raise OpcontractPatchError("install_head: the model is not patched by apply_opcontract")
     backend = _hf.patched_backend(model)
@@ -183,7 +195,8 @@ def install_head(model: nn.Module, *, outputs: tuple[str, ...] = OUTPUTS) -> nn.
         mask = tgt != -100
         # only the labelled rows go through the head: each row's bits are its own (batch dims)
         out = _hf.logprob_head(self, hidden[mask], tgt[mask], entropy=want_entropy,
-                               predicted=want_top1, backend=backend)  # fmt: skip
+                               predicted=want_top1, backend=backend,
+                               temperature=temperature)  # fmt: skip
 
         def scatter(x: torch.Tensor | None) -> torch.Tensor | None:
             # masked_scatter keeps an all-ignored batch connected to the graph (a zero loss)

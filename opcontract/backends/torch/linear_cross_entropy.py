@@ -20,9 +20,10 @@ def reference(
     reduction="mean",
     label_smoothing=0.0,
     return_token_accuracy=False,
+    temperature=1.0,
 ):
     """Float64 oracle (differentiable)."""
-    z = slp.logits64(hidden, weight, multiplier, softcap)
+    z = slp.logits64(hidden, weight, multiplier, softcap, temperature)
     t = targets.long()
     keep = t != ignore_index
     lse = torch.logsumexp(z, dim=1)
@@ -52,10 +53,11 @@ def forward(
     reduction,
     label_smoothing,
     return_token_accuracy,
+    temperature=1.0,
 ):
     """(loss, token_accuracy, lse): the strict torch head, reduced over tokens."""
     lp, _, pred, lse, _, smooth = slp.strict_forward_all(
-        hidden, weight, targets, multiplier, softcap, ignore_index
+        hidden, weight, targets, multiplier, softcap, ignore_index, temperature=temperature
     )
     loss, acc = lce.loss_and_accuracy(
         lp, smooth if label_smoothing > 0 else None, pred if return_token_accuracy else None,
@@ -77,6 +79,7 @@ def backward(
     reduction,
     label_smoothing,
     return_token_accuracy,
+    temperature=1.0,
 ):
     """{hidden, weight}: the loss's gradient taken back to the head's, then its backward."""
     targets = saved["targets"]
@@ -90,6 +93,7 @@ def backward(
         need_hidden=needs["hidden"], need_weight=needs["weight"],
         plan=config.get("backward_plan", "vocab_chunks"),
         token_chunk=config.get("token_chunk", slp.DEFAULT_PLAN["token_chunk"]),
+        temperature=temperature,
     )  # fmt: skip
     return {"hidden": gh, "weight": gw}
 
@@ -105,10 +109,12 @@ def eager(
     reduction="mean",
     label_smoothing=0.0,
     return_token_accuracy=False,
+    temperature=1.0,
 ):
     """Stock eager: library GEMM, logits from the input dtype, torch's cross_entropy."""
     y = (hidden @ weight.T).float() * multiplier
     z = y if softcap is None else softcap * torch.tanh(y / softcap)
+    z = z if temperature == 1.0 else z / temperature
     loss = torch.nn.functional.cross_entropy(
         z,
         targets.long(),

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from opcontract.backends.fixed_order import tree_sum
+from opcontract.backends.softcap_head import head_constants
 from opcontract.backends.torch import elementwise as ew
 from opcontract.contracts import get_contract
 
@@ -45,17 +46,20 @@ def _result(logprob, entropy, predicted, return_entropy, return_predicted):
     )
 
 
-def logits64(hidden, weight, multiplier: float = 1.0, softcap: float | None = None):
-    """The float64 oracle's [T, V] logits z."""
+def logits64(hidden, weight, multiplier: float = 1.0, softcap: float | None = None,
+             temperature: float = 1.0):  # fmt: skip
+    """The float64 oracle's [T, V] logits z (divided by the temperature)."""
     y = (hidden.double() @ weight.double().T) * multiplier
-    return y if softcap is None else softcap * torch.tanh(y / softcap)
+    z = y if softcap is None else softcap * torch.tanh(y / softcap)
+    return z if temperature == 1.0 else z / temperature
 
 
-def argmax_is_ambiguous(hidden, weight, *, multiplier=1.0, softcap=None, **_) -> bool:
+def argmax_is_ambiguous(hidden, weight, *, multiplier=1.0, softcap=None, temperature=1.0,
+                        **_) -> bool:  # fmt: skip
     """Whether some row's two largest float64 logits lie within float32 rounding of each other
     (the contract's argmax is over float32 z, lowest index among ties: the float64 oracle
     cannot arbitrate those rows)."""
-    z = logits64(hidden, weight, multiplier, softcap)
+    z = logits64(hidden, weight, multiplier, softcap, temperature)
     if z.shape[-1] < 2 or z.numel() == 0:
         return False
     top = z.topk(2, dim=-1).values
@@ -73,9 +77,10 @@ def reference(
     ignore_index: int = -100,
     return_entropy: bool = False,
     return_predicted: bool = False,
+    temperature: float = 1.0,
 ):
     """Float64 oracle of the contract's math (differentiable). Float64 [T] outputs."""
-    z = logits64(hidden, weight, multiplier, softcap)
+    z = logits64(hidden, weight, multiplier, softcap, temperature)
     t = targets.long()
     keep = t != ignore_index
     lse = torch.logsumexp(z, dim=1)
@@ -87,7 +92,12 @@ def reference(
 
 
 def _block_logits(
-    h32: torch.Tensor, weight: torch.Tensor, v0: int, multiplier: float, softcap: float | None
+    h32: torch.Tensor,
+    weight: torch.Tensor,
+    v0: int,
+    multiplier: float,
+    softcap: float | None,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """z, tanh value t (None without a cap) and validity of VOCAB_BLOCK columns from v0."""
     T, H = h32.shape
@@ -98,12 +108,13 @@ def _block_logits(
     acc = torch.zeros(T, VOCAB_BLOCK, dtype=torch.float32, device=h32.device)
     for k in range(H):  # gemm_k: ascending, one rounding per multiply and per add
         acc = acc + h32[:, k : k + 1] * w[:, k]
-    if softcap is None:
-        z, t = acc * multiplier, None
+    scale, outer, _ = head_constants(multiplier, softcap, temperature)
+    if outer is None:
+        z, t = acc * scale, None
     else:  # the contract's scale: multiplier / softcap formed in float64, rounded once
-        scale = torch.tensor(multiplier / softcap, dtype=torch.float32, device=h32.device)
+        scale = torch.tensor(scale, dtype=torch.float32, device=h32.device)
         t = ew.tanh(acc * scale)
-        z = softcap * t
+        z = outer * t
     valid = torch.arange(VOCAB_BLOCK, device=h32.device) < nv
     return z, t, valid
 
@@ -123,7 +134,8 @@ class Walk(NamedTuple):
     z_target: torch.Tensor
 
 
-def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False) -> Walk:
+def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False,
+               temperature=1.0) -> Walk:  # fmt: skip
     """One pass over ``weight``'s rows in VOCAB_BLOCK blocks, ascending (the bits depend on
     it), for float32 rows ``h`` and int64 targets ``t`` (a value outside [0, V) selects no
     column). ``z_out`` ([T, V] float32) receives each block's z; ``total`` also sums z."""
@@ -137,7 +149,7 @@ def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False) -> Wa
     z_total = torch.zeros(T, **f32)
     z_target = torch.zeros(T, **f32)
     for v0 in range(0, V, VOCAB_BLOCK):
-        z, _, valid = _block_logits(h, weight, v0, multiplier, softcap)
+        z, _, valid = _block_logits(h, weight, v0, multiplier, softcap, temperature)
         if z_out is not None:
             z_out[:, v0 : v0 + VOCAB_BLOCK] = z[:, : min(VOCAB_BLOCK, V - v0)]
         z = torch.where(valid, z, float("-inf"))
@@ -161,13 +173,15 @@ def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False) -> Wa
     return Walk(run_max, run_sum, run_zsum, arg_max, arg_idx, z_total, z_target)
 
 
-def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index, z_out=None):
+def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index, z_out=None,
+                       temperature=1.0):  # fmt: skip
     """(logprob, entropy, predicted, lse, mean_z, smooth): every output and what backward
     needs; smooth = lse - mean_v z is label smoothing's term. ``z_out`` ([T, V] float32,
     the sampler head's): receives every block's z as it is computed."""
     V = weight.shape[0]
     t = targets.long()
-    w = block_walk(hidden.float(), weight, t, multiplier, softcap, z_out, total=True)
+    w = block_walk(hidden.float(), weight, t, multiplier, softcap, z_out, total=True,
+                   temperature=temperature)  # fmt: skip
     lse = w.max + ew.log(w.sum)
     mean_z = w.zsum / w.sum
     logprob = torch.where(t != ignore_index, w.z_target - lse, 0.0)
@@ -188,11 +202,12 @@ def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, i
     return {"vocab_chunks": 2 * T * H * 4, "token_chunks": 2 * c * H * 4 + V * H * 4}
 
 
-def _block_grad(h, weight, t, lse, mean_z, gl, ge, gs, v0, dtype, multiplier, softcap):
+def _block_grad(h, weight, t, lse, mean_z, gl, ge, gs, v0, dtype, multiplier, softcap,
+                temperature=1.0):  # fmt: skip
     """g (float32 holding input-dtype values) of VOCAB_BLOCK columns from v0 for h's rows,
     and how many of them are real; elementwise, so a row's g is the same in any set of rows."""
     V = weight.shape[0]
-    z, tanh_z, valid = _block_logits(h, weight, v0, multiplier, softcap)
+    z, tanh_z, valid = _block_logits(h, weight, v0, multiplier, softcap, temperature)
     p = ew.exp(z - lse[:, None])
     cols = torch.arange(v0, v0 + VOCAB_BLOCK, device=h.device)
     gz = gl[:, None] * ((cols[None, :] == t[:, None]).float() - p)
@@ -200,7 +215,9 @@ def _block_grad(h, weight, t, lse, mean_z, gl, ge, gs, v0, dtype, multiplier, so
         gz = gz - ge[:, None] * p * (z - mean_z[:, None])
     if gs is not None:  # d(lse - mean_v z)/dz = p - 1/V
         gz = gz + gs[:, None] * (p - 1.0 / V)
-    dz = multiplier if softcap is None else multiplier * (1.0 - tanh_z * tanh_z)
+    _, outer, dz = head_constants(multiplier, softcap, temperature)
+    if outer is not None:
+        dz = dz * (1.0 - tanh_z * tanh_z)
     g = torch.where(valid, gz * dz, 0.0).to(dtype).float()  # declared cast
     return g, int(valid.sum())
 
@@ -224,6 +241,7 @@ def _rows_backward(
     dtype,
     multiplier,
     softcap,
+    temperature=1.0,
     *,
     grad_w,
     buffer,
@@ -240,7 +258,7 @@ def _rows_backward(
         chunk_h = torch.zeros_like(grad_h) if need_hidden else None
         for v0 in range(c0, min(c0 + GRAD_CHUNK, V), VOCAB_BLOCK):
             g, nv = _block_grad(h, weight, t, lse, mean_z, gl, ge, gs, v0, dtype, multiplier,
-                                softcap)  # fmt: skip
+                                softcap, temperature)  # fmt: skip
             if grad_w is not None:
                 start = grad_w[v0 : v0 + nv] if buffer else torch.zeros_like(grad_w[:nv]).float()
                 grad_w[v0 : v0 + nv] = _add_tokens(start, g, h, nv).to(grad_w.dtype)
@@ -269,6 +287,7 @@ def strict_backward(
     need_weight=True,
     plan="vocab_chunks",
     token_chunk=1024,
+    temperature=1.0,
 ):
     """grad_hidden and grad_weight in the contract's order (see the module docstring), by
     one of the equal-bits plans. vocab_chunks: per vocabulary block, grad_weight's rows
@@ -287,7 +306,7 @@ def strict_backward(
     ge = grad_entropy.float() if grad_entropy is not None else None
     gs = grad_smooth.float() if grad_smooth is not None else None
     mz = mean_z if ge is not None else None
-    head = (hidden.dtype, multiplier, softcap)
+    head = (hidden.dtype, multiplier, softcap, temperature)
     if plan == "vocab_chunks" or T == 0:
         grad_w = torch.zeros(V, H, dtype=weight.dtype, device=dev) if need_weight else None
         grad_h = _rows_backward(h, weight, t, lse, mz, gl, ge, gs, *head, grad_w=grad_w,
@@ -322,11 +341,12 @@ def forward(
     ignore_index,
     return_entropy,
     return_predicted,
+    temperature=1.0,
 ):
     """(logprob, entropy, predicted, lse, mean_z) in the contract's order; None where not
     asked for."""
     lp, ent, pred, lse, mean_z, _ = strict_forward_all(
-        hidden, weight, targets, multiplier, softcap, ignore_index
+        hidden, weight, targets, multiplier, softcap, ignore_index, temperature=temperature
     )
     return (
         lp,
@@ -348,6 +368,7 @@ def backward(
     ignore_index,
     return_entropy,
     return_predicted,
+    temperature=1.0,
 ):
     """{hidden, weight}: the contract's backward, in the contract's order."""
     g_lp, g_ent = grads["logprob"], grads["entropy"] if return_entropy else None
@@ -360,6 +381,7 @@ def backward(
         need_hidden=needs["hidden"], need_weight=needs["weight"],
         plan=config.get("backward_plan", "vocab_chunks"),
         token_chunk=config.get("token_chunk", DEFAULT_PLAN["token_chunk"]),
+        temperature=temperature,
     )  # fmt: skip
     return {"hidden": gh, "weight": gw}
 
@@ -374,10 +396,12 @@ def eager_forward(
     ignore_index: int = -100,
     return_entropy: bool = False,
     return_predicted: bool = False,
+    temperature: float = 1.0,
 ):
     """Stock eager: library GEMM, logits rounded to the input dtype, full [T, V] in memory."""
     y = (hidden @ weight.T).float() * multiplier
     z = y if softcap is None else softcap * torch.tanh(y / softcap)
+    z = z if temperature == 1.0 else z / temperature
     t = targets.long()
     keep = t != ignore_index
     logp_all = torch.log_softmax(z, dim=-1)

@@ -8,11 +8,11 @@ from opcontract.backends.triton import softcap_logprob as slp
 
 # fmt: off
 def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index, reduction,
-            label_smoothing, return_token_accuracy):
+            label_smoothing, return_token_accuracy, temperature=1.0):
     """(loss, token_accuracy, lse)."""
     r = slp.forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
                         ignore_index=ignore_index, argmax=return_token_accuracy,
-                        zsum=label_smoothing > 0, config=config)
+                        zsum=label_smoothing > 0, config=config, temperature=temperature)
     loss, acc = lce.loss_and_accuracy(r.logprob, r.smooth, r.predicted, targets,
                                       ignore_index=ignore_index, reduction=reduction,
                                       label_smoothing=label_smoothing)
@@ -20,9 +20,9 @@ def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_inde
 
 
 def backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index, reduction,
-             label_smoothing, return_token_accuracy):
+             label_smoothing, return_token_accuracy, temperature=1.0):
     g_lp, g_sm = lce.head_grads(grads["loss"], saved["targets"], ignore_index=ignore_index,
                                 reduction=reduction, label_smoothing=label_smoothing)
     return slp.head_backward(config, saved, g_lp, None, g_sm, needs, multiplier=multiplier,
-                             softcap=softcap, ignore_index=ignore_index)
+                             softcap=softcap, ignore_index=ignore_index, temperature=temperature)
 # fmt: on

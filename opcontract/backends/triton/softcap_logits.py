@@ -26,10 +26,11 @@ def default_config(dtype: str, T: int | None = None) -> dict:
     return {k: v for k, v in cfg.items() if k not in slp.BACKWARD_ONLY}
 
 
-def forward(config, hidden, weight, *, multiplier, softcap):
+def forward(config, hidden, weight, *, multiplier, softcap, temperature=1.0):
     """(logits, lse) from softcap_logprob's kernels (no target: every row's logprob unused)."""
     T = hidden.shape[0]
     no_target = torch.full((T,), -1, dtype=torch.int64, device=hidden.device)
     r = slp.forward_all(hidden, weight, no_target, multiplier=multiplier, softcap=softcap,
-                        ignore_index=-1, logits=True, config=config)  # fmt: skip
+                        ignore_index=-1, logits=True, config=config,
+                        temperature=temperature)  # fmt: skip
     return r.logits, r.lse

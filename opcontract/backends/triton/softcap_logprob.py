@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 
+from opcontract.backends.softcap_head import head_constants
 from opcontract.backends.triton import interpreting
 from opcontract.backends.triton.launch import launch
 from opcontract.contracts import get_contract
@@ -101,10 +102,14 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _scalars(multiplier: float, softcap: float | None) -> tuple[float, float]:
-    if softcap is None:
-        return float(multiplier), 1.0
-    return multiplier / softcap, float(softcap)  # multiplier / softcap in float64, rounded once
+def _scalars(
+    multiplier: float, softcap: float | None, temperature: float = 1.0
+) -> tuple[float, float]:
+    """(scale, outer) of z = outer * tanh(acc * scale), or z = acc * scale without a cap
+    (outer unused): ``head_constants``, each formed in float64 and rounded once to float32
+    as a kernel argument."""
+    scale, outer, _ = head_constants(multiplier, softcap, temperature)
+    return float(scale), 1.0 if outer is None else float(outer)
 
 
 class HeadResult(NamedTuple):
@@ -131,6 +136,7 @@ def forward_all(
     logits=False,
     config=None,
     _pinned=None,
+    temperature=1.0,
 ):
     """HeadResult of [T] tensors; entropy/mean_z, predicted and smooth only when asked for;
     with ``logits`` also z [T, V] float32, stored by the partials kernel from the very tile
@@ -190,7 +196,7 @@ def forward_all(
         num_stages=cfg["num_stages"],
     )
     outs = (targets, pmax, psum, pzs, parg, pzsum, z_t, z if logits else pmax)
-    scalars = (*_scalars(multiplier, softcap), 0.0)
+    scalars = (*_scalars(multiplier, softcap, temperature), 0.0)
     n_tiles = cdiv(T, bt) * n_blocks
     programs = min(n_tiles, _num_sms(dev) * cfg["programs_per_sm"])
     schedule = cfg["schedule"]
@@ -317,7 +323,7 @@ def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, i
 
 # fmt: off
 def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg, *,
-                 multiplier, softcap, ignore_index, entropy, smooth):
+                 multiplier, softcap, ignore_index, entropy, smooth, temperature=1.0):
     """g[:, :n] = the logits' gradient of vocabulary columns [c0, c0 + n) for hidden's rows,
     in the input dtype (the forward's tiles: the same z, bit for bit)."""
     from opcontract.backends.triton import softcap_logprob_kernels as k
@@ -325,13 +331,14 @@ def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg
     T, H = hidden.shape
     V = weight.shape[0]
     block_k = BLOCK_K[_dtype(hidden)]
-    scale, cap = _scalars(multiplier, softcap)
+    scale, cap = _scalars(multiplier, softcap, temperature)
+    dz = head_constants(multiplier, softcap, temperature)[2]
     grid = (cdiv(T, cfg["block_t"]) * cdiv(n, BLOCK_V),)
     launch(
         k._grad_logits_kernel, grid,
         hidden, weight, targets, lse, mean_z if mean_z is not None else lse, gl, ge, gs, g,
         T, V, H, hidden.stride(0), weight.stride(0), g.stride(0), c0, n,
-        scale, cap, float(multiplier), int(ignore_index), 0.0,
+        scale, cap, float(dz), int(ignore_index), 0.0,
         HAS_CAP=softcap is not None, ENTROPY=entropy, SMOOTH=smooth, INTERPRET=interpreting(),
         PROMOTE=GEMM_K_BLOCK // block_k, EVEN_K=H % block_k == 0,
         BLOCK_T=cfg["block_t"], BLOCK_V=BLOCK_V, BLOCK_K=block_k, GROUP_T=cfg["group_t"],
@@ -340,7 +347,7 @@ def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg
 
 def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, grad_smooth, *,
              multiplier, softcap, ignore_index, need_hidden=True, need_weight=True,
-             plan="vocab_chunks", token_chunk=1024):
+             plan="vocab_chunks", token_chunk=1024, temperature=1.0):
     """(grad_hidden, grad_weight) by one of the equal-bits plans (see PLANS).
 
     vocab_chunks: per vocabulary chunk, ascending, g recomputed and rounded to the input
@@ -365,7 +372,8 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
     ge = grad_entropy.float().contiguous() if grad_entropy is not None else gl
     gs = grad_smooth.float().contiguous() if grad_smooth is not None else gl
     head = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
-                entropy=grad_entropy is not None, smooth=grad_smooth is not None)
+                entropy=grad_entropy is not None, smooth=grad_smooth is not None,
+                temperature=temperature)
     if plan == "token_chunks":
         return _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg,
                                       head, need_hidden, need_weight, token_chunk)
@@ -419,17 +427,17 @@ def _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg
 
 
 def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index,
-            return_entropy, return_predicted):
+            return_entropy, return_predicted, temperature=1.0):
     """(logprob, entropy, predicted, lse, mean_z) in the contract's order; None where not
     asked for."""
     r = forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
                     ignore_index=ignore_index, entropy=return_entropy, argmax=return_predicted,
-                    config=config)
+                    config=config, temperature=temperature)
     return r.logprob, r.entropy, r.predicted, r.lse, r.mean_z
 
 
 def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier,
-                  softcap, ignore_index):
+                  softcap, ignore_index, temperature=1.0):
     """{hidden, weight} of the head, for softcap_logprob's and linear_cross_entropy's grads,
     by the config's backward plan."""
     lse = saved["lse"]
@@ -440,15 +448,16 @@ def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multi
         multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
         need_hidden=needs["hidden"], need_weight=needs["weight"],
         plan=config.get("backward_plan", _BASE["backward_plan"]),
-        token_chunk=config.get("token_chunk", _BASE["token_chunk"]))
+        token_chunk=config.get("token_chunk", _BASE["token_chunk"]), temperature=temperature)
     return {"hidden": gh, "weight": gw}
 
 
 def logprob_backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index,
-                     return_entropy, return_predicted):
+                     return_entropy, return_predicted, temperature=1.0):
     g_ent = grads["entropy"] if return_entropy else None
     return head_backward(config, saved, grads["logprob"], g_ent, None, needs,
-                         multiplier=multiplier, softcap=softcap, ignore_index=ignore_index)
+                         multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
+                         temperature=temperature)
 
 
 def explore_forward(hidden, weight, targets, *, _pinned, multiplier=1.0, softcap=None,
