@@ -98,7 +98,7 @@ def test_a_neutral_param_leaves_the_numerics_hash_and_its_value_moves_it():
     start = "  temperature:\n"
     text = open(SHIPPED.path).read()
     block = text[text.index(start) : text.index("  return_entropy:\n")]
-    text = text.replace(", temperature: 0.7}", "}")  # its conformance case
+    text = text.replace(", temperature: 0.7,", ",")  # its conformance case
     without = parse_contract(text.replace(block, "", 1))
     assert SHIPPED.numerics_sha256 == without.numerics_sha256
     assert SHIPPED.params["temperature"].math and "temperature" not in SHIPPED.math
@@ -107,3 +107,18 @@ def test_a_neutral_param_leaves_the_numerics_hash_and_its_value_moves_it():
     assert parse_contract(text.replace(block, plain, 1)).numerics_sha256 != without.numerics_sha256
     with pytest.raises(ContractFileError, match="neutral 1.0 must be the default"):
         parse_contract(text.replace(block, block.replace("default: 1.0", "default: 2.0", 1), 1))
+
+
+def test_an_output_asked_for_by_a_neutral_param_stays_out_of_the_hash():
+    """return_mean_logits (neutral false) asks for mean_logits and its vocab_zsum reduction:
+    all three are left out of the hash; a reduction's ``when`` must name a bool param."""
+    text = open(SHIPPED.path).read()
+    c = parse_contract(text)
+    assert c.reductions["vocab_zsum"].when == "return_mean_logits"
+    assert c.outputs["mean_logits"].when == "return_mean_logits"
+    moved = parse_contract(text.replace("    when: return_mean_logits\n    doc: sum_v z",
+                                        "    doc: sum_v z", 1))  # fmt: skip
+    assert moved.numerics_sha256 != c.numerics_sha256  # an always-on reduction counts
+    with pytest.raises(ContractFileError, match="'softcap' is not a bool param"):
+        parse_contract(text.replace("    when: return_mean_logits\n    doc: sum_v z",
+                                    "    when: softcap\n    doc: sum_v z", 1))  # fmt: skip

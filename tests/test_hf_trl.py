@@ -25,8 +25,12 @@ trl = pytest.importorskip("trl")
 import trl.trainer.utils as trl_utils  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl import (  # noqa: E402
+    DPOConfig,
+    DPOTrainer,
     GRPOConfig,
     GRPOTrainer,
+    KTOConfig,
+    KTOTrainer,
     RLOOConfig,
     RLOOTrainer,
     SFTConfig,
@@ -90,9 +94,10 @@ def record_fused_calls(model, bf16: bool, temperature: float = 1.0) -> list[dict
             hidden = hidden.last_hidden_state[:, :-1]
             keep = tgt != -100
             ref = logprob_head(module, hidden[keep], tgt[keep], entropy=True, predicted=True,
-                               backend="torch", temperature=temperature)  # fmt: skip
+                               backend="torch", temperature=temperature,
+                               mean_logits=True)  # fmt: skip
         seen.append(dict(out=out, keep=keep, tgt=tgt, ref_lp=ref_lp.masked_fill(~keep, 0.0),
-                         ref=ref))  # fmt: skip
+                         ref=ref, ids=ids, mask=mask))  # fmt: skip
 
     model.register_forward_hook(hook, with_kwargs=True)
     return seen
@@ -110,6 +115,9 @@ def check_fused_calls(seen: list[dict], *, top1: bool) -> None:
         if top1:
             assert torch.equal(out.is_top1[keep], ref.predicted == s["tgt"][keep])
             assert not bool(out.is_top1[~keep].any())
+        if out.mean_logits is not None:  # DPO's and KTO's logits metrics
+            assert torch.equal(out.mean_logits[keep], ref.mean_logits)
+            assert bool((out.mean_logits[~keep] == 0).all())
 
 
 def sft_dataset(n_rows: int = 8) -> Dataset:
@@ -305,12 +313,12 @@ def test_enable_patches_an_unpatched_model_and_is_idempotent(chunked_calls):
 
 
 def test_enable_refuses_outputs_it_does_not_serve_and_changes_nothing():
-    """A trainer whose fused head was asked for TRL's mean_logits (DPO-style metrics)."""
+    """A trainer whose fused head was asked for TRL's log_sum_sq_probs (DPO's WPO weights)."""
     model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
     trainer = sft_trainer(model, bf16=False)
-    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "mean_logits"))
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "log_sum_sq_probs"))
     trls = model.forward
-    with pytest.raises(OpcontractPatchError, match="mean_logits"):
+    with pytest.raises(OpcontractPatchError, match="log_sum_sq_probs"):
         oc_trl.enable(trainer)
     assert model.forward is trls and not oc_trl.is_enabled(model)
 
@@ -345,3 +353,58 @@ def test_rloo_trainer_through_opcontract(chunked_calls, tmp_path):
     check_fused_calls(seen, top1=False)
     check_fused_calls(seen_ref, top1=False)
     assert trainer.state.log_history[0]["reward_std"] > 0
+
+
+def preference_words(n: int, g: torch.Generator) -> str:
+    return " ".join(f"t{int(i)}" for i in torch.randint(3, VOCAB, (n,), generator=g))
+
+
+def _saved_tiny(tmp_path):
+    """A tiny model saved at tmp_path (the trainers load their reference model from it)."""
+    model = tiny_muse_glimmer(eos_token_id=EOS)
+    model.save_pretrained(tmp_path)
+    model.config._name_or_path = str(tmp_path)
+    return apply_opcontract(model, backend="torch")
+
+
+@pytest.mark.parametrize("kind", ["dpo", "kto"])
+def test_preference_trainers_through_opcontract(kind, chunked_calls, tmp_path):
+    """DPO (log_probs, entropy, mean_logits, is_top1) and KTO (log_probs, entropy,
+    mean_logits), each with a reference model: every fused call bitwise the op's; the logged
+    logits/chosen is the mean of mean_logits over the chosen completions' tokens, and the
+    mean_logits agree with the mean over the patched model's own float32 logits within
+    float32 rounding. TRL's chunked head never runs."""
+    model = _saved_tiny(tmp_path)
+    g = torch.Generator().manual_seed(7)
+    kw = dict(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4,
+              bf16=False, **COMMON)  # fmt: skip
+    if kind == "dpo":
+        rows = [{"prompt": preference_words(n, g), "chosen": preference_words(3, g),
+                 "rejected": preference_words(2, g)} for n in (1, 4, 2, 3)]  # fmt: skip
+        trainer = DPOTrainer(model=model, args=DPOConfig(**kw), processing_class=tiny_tokenizer(),
+                             train_dataset=Dataset.from_list(rows))  # fmt: skip
+    else:
+        rows = [{"prompt": preference_words(n, g), "completion": preference_words(3, g),
+                 "label": n % 2 == 0} for n in (1, 4, 2, 3)]  # fmt: skip
+        trainer = KTOTrainer(model=model, args=KTOConfig(**kw), processing_class=tiny_tokenizer(),
+                             train_dataset=Dataset.from_list(rows))  # fmt: skip
+    assert trainer.ref_model is not None
+    oc_trl.enable(trainer)
+    seen = record_fused_calls(model, False)
+    seen_ref = record_fused_calls(trainer.ref_model, False)
+    trainer.train()
+    assert chunked_calls == []
+    check_fused_calls(seen, top1=kind == "dpo")
+    check_fused_calls(seen_ref, top1=False)
+    assert all(s["out"].mean_logits is not None for s in seen)
+    s = seen[0]  # the same inputs again, after the step: the weights both calls see
+    ids, mask, keep = s["ids"], s["mask"], s["keep"]
+    labels = torch.cat([ids[:, :1], s["tgt"]], dim=1)
+    with torch.no_grad():
+        mean = model(input_ids=ids, attention_mask=mask, labels=labels,
+                     fused_lm_head=True).mean_logits  # fmt: skip
+        full = model.eval()(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    model.train()
+    assert torch.allclose(mean[keep], full[keep].mean(-1), rtol=0, atol=1e-5)
+    log = trainer.state.log_history[0]
+    assert "logits/chosen" in log and log["loss"] > 0

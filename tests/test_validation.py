@@ -85,7 +85,7 @@ def test_different_devices():
 
 def test_signature_errors():
     h, w, t = head_inputs()
-    _violation(r"'temperature'.*unexpected argument", h, w, t, temperature=1.0)
+    _violation(r"'top_k'.*unexpected argument", h, w, t, top_k=5)
     _violation(r"'targets'.*missing", h, w)
     _violation(r"positional", h, w, t, 20.0)
     _violation(r"'hidden'.*must be a torch.Tensor", h.numpy(), w, t)

@@ -496,19 +496,21 @@ def logprob_head(
     predicted: bool = False,
     backend: str | None = None,
     temperature: float = 1.0,
+    mean_logits: bool = False,
 ):
     """The trainer's head: softcap_logprob over final hidden rows [T, H] and their targets
     [T] (-100 ignored), with the model's multiplier and soft cap, of softmax(z /
-    ``temperature``). A ``LogprobOutput`` (``logprob`` [T] float32, ``entropy`` and
-    ``predicted`` when asked). Rows are batch-invariant: a row's bits do not depend on the
-    other rows in the call."""
+    ``temperature``). A ``LogprobOutput`` (``logprob`` [T] float32; ``entropy``,
+    ``predicted`` and ``mean_logits`` when asked). Rows are batch-invariant: a row's bits do
+    not depend on the other rows in the call."""
     text = model.config.text_config
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
-        if temperature != 1.0:
+        if temperature != 1.0 or mean_logits:
+            what = f"temperature={temperature!r}" if temperature != 1.0 else "mean_logits"
             raise ValueError(
-                f"temperature={temperature!r}: the vocabulary-parallel head has no temperature "
-                "(its vocab_slice contracts declare none); use temperature 1.0 or an unsharded head"
+                f"{what}: the vocabulary-parallel head serves neither a temperature nor "
+                "mean_logits (its vocab_slice contracts declare none); use an unsharded head"
             )
         w = model.lm_head.weight
         w = w.to_local() if hasattr(w, "to_local") else w
@@ -520,7 +522,7 @@ def logprob_head(
     out = _op("softcap_logprob", backend)(
         hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,
-        temperature=temperature,
+        temperature=temperature, return_mean_logits=mean_logits,
     )  # fmt: skip
     return LogprobOutput(logprob=out) if isinstance(out, torch.Tensor) else out
 

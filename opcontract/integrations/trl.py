@@ -11,7 +11,8 @@ model's forward with TRL's chunked head (``ChunkedLogProbFunction``) returning
 on ``trainer.model`` and ``trainer.ref_model``, with one that computes the same fields from
 opcontract's ``softcap_logprob`` (log-prob, entropy, argmax in one pass over the vocabulary,
 float32 from the GEMM accumulator on, never a [T, V] logits tensor), after checking what TRL
-asked for: the fields (``log_probs``, ``entropy``, ``is_top1``) and the temperature (the
+asked for: the fields (``log_probs``, ``entropy``, ``is_top1``, ``mean_logits``: DPO's and
+KTO's logits metrics) and the temperature (the
 contract's ``temperature``: softmax(z / temperature), as TRL's head). Anything else is an
 :class:`OpcontractPatchError` naming it, with nothing changed. The per-token log-probs are
 then bitwise those of :func:`~opcontract.integrations.transformers.token_logprobs` and of the
@@ -35,11 +36,12 @@ from trl.trainer.utils import FusedCausalLMOutput
 from opcontract.integrations import transformers as _hf
 from opcontract.integrations.transformers import OpcontractPatchError
 
-OUTPUTS = ("log_probs", "entropy", "is_top1")  # the FusedCausalLMOutput fields served
+SERVED = ("log_probs", "entropy", "is_top1", "mean_logits")  # FusedCausalLMOutput fields served
+OUTPUTS = ("log_probs", "entropy", "is_top1")  # what a head nobody asked anything of computes
 _TRL_HEAD = "add_fused_lm_head.<locals>._fused_forward"
 _HEAD_FLAG = "_opcontract_trl_head"
 
-__all__ = ["OUTPUTS", "enable", "install_head", "is_enabled"]
+__all__ = ["OUTPUTS", "SERVED", "enable", "install_head", "is_enabled"]
 
 
 def _amp_wrapped(model: nn.Module) -> bool:
@@ -92,11 +94,11 @@ def _trl_request(model: nn.Module, where: str) -> tuple[tuple[str, ...], float]:
             "no temperature; train at temperature 1.0 or with an unsharded head"
         )
     outputs = tuple(asked.get("outputs", ()))
-    extra = [o for o in outputs if o not in OUTPUTS]
+    extra = [o for o in outputs if o not in SERVED]
     if extra:
         raise OpcontractPatchError(
             f"{where}: TRL's fused head was asked for outputs {extra}; opcontract's head serves "
-            f"{list(OUTPUTS)}"
+            f"{list(SERVED)}"
         )
     # cast_lm_head_to_fp32 needs nothing: a product of two bfloat16 numbers is exact in
     # float32, and softcap_logprob accumulates and soft-caps in float32 already.
@@ -153,11 +155,12 @@ def install_head(
     if not _hf.is_patched(model):
         raise OpcontractPatchError("install_head: the model is not patched by apply_opcontract")
     backend = _hf.patched_backend(model)
-    extra = [o for o in outputs if o not in OUTPUTS]
+    extra = [o for o in outputs if o not in SERVED]
     if extra:
-        raise OpcontractPatchError(f"install_head: outputs {extra}; served: {list(OUTPUTS)}")
+        raise OpcontractPatchError(f"install_head: outputs {extra}; served: {list(SERVED)}")
     base = getattr(model, _hf.OPCONTRACT_FORWARD)
     want_entropy, want_top1 = "entropy" in outputs, "is_top1" in outputs
+    want_mean = "mean_logits" in outputs
 
     @functools.wraps(base.__func__)  # generate() reads the forward's signature
     def forward(
@@ -195,8 +198,8 @@ def install_head(
         mask = tgt != -100
         # only the labelled rows go through the head: each row's bits are its own (batch dims)
         out = _hf.logprob_head(self, hidden[mask], tgt[mask], entropy=want_entropy,
-                               predicted=want_top1, backend=backend,
-                               temperature=temperature)  # fmt: skip
+                               predicted=want_top1, backend=backend, temperature=temperature,
+                               mean_logits=want_mean)  # fmt: skip
 
         def scatter(x: torch.Tensor | None) -> torch.Tensor | None:
             # masked_scatter keeps an all-ignored batch connected to the graph (a zero loss)
@@ -204,12 +207,14 @@ def install_head(
 
         log_probs, entropy = scatter(out.logprob), scatter(out.entropy)
         is_top1 = scatter(out.predicted == tgt[mask]) if want_top1 else None
+        mean = scatter(out.mean_logits) if want_mean else None
         n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         return FusedCausalLMOutput(
             loss=-log_probs.sum() / n,
             log_probs=log_probs,
             entropy=entropy,
             is_top1=is_top1,
+            mean_logits=mean,
             label_mask=mask,
         )
 

@@ -101,6 +101,7 @@ def _stock(fn):
 _SLP_PLAN = {
     **_HEAD_PLAN,
     "vocab_entropy": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale"),
+    "vocab_zsum": _plan(block=slp.VOCAB_BLOCK),
 }
 register(
     op="softcap_logprob",

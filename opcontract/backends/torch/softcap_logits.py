@@ -22,7 +22,7 @@ def forward(config, hidden, weight, *, multiplier, softcap, temperature=1.0):
     T, V = hidden.shape[0], weight.shape[0]
     logits = torch.empty(T, V, dtype=torch.float32, device=hidden.device)
     no_target = torch.full((T,), -1, dtype=torch.int64, device=hidden.device)
-    *_, lse, _, _ = slp.strict_forward_all(
+    _, _, _, lse, *_ = slp.strict_forward_all(
         hidden, weight, no_target, multiplier, softcap, -1, z_out=logits, temperature=temperature
     )
     return logits, lse

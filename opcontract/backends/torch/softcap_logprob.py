@@ -36,13 +36,16 @@ VOCAB_BLOCK = _C.reductions["vocab_lse"].block
 GRAD_CHUNK = _C.reductions["grad_hidden_v"].block
 
 
-def _result(logprob, entropy, predicted, return_entropy, return_predicted):
-    if not (return_entropy or return_predicted):
+def _result(logprob, entropy, predicted, return_entropy, return_predicted, mean_logits=None):
+    if not (return_entropy or return_predicted or mean_logits is not None):
         return logprob
     from opcontract.outputs import LogprobOutput
 
     return LogprobOutput(
-        logprob, entropy if return_entropy else None, predicted if return_predicted else None
+        logprob,
+        entropy if return_entropy else None,
+        predicted if return_predicted else None,
+        mean_logits,
     )
 
 
@@ -78,6 +81,7 @@ def reference(
     return_entropy: bool = False,
     return_predicted: bool = False,
     temperature: float = 1.0,
+    return_mean_logits: bool = False,
 ):
     """Float64 oracle of the contract's math (differentiable). Float64 [T] outputs."""
     z = logits64(hidden, weight, multiplier, softcap, temperature)
@@ -88,7 +92,8 @@ def reference(
     logprob = torch.where(keep, zt - lse, 0.0)
     entropy = lse - (torch.softmax(z, dim=1) * z).sum(1) if return_entropy else None
     predicted = z.argmax(dim=1) if return_predicted else None
-    return _result(logprob, entropy, predicted, return_entropy, return_predicted)
+    mean = z.mean(dim=1) if return_mean_logits else None
+    return _result(logprob, entropy, predicted, return_entropy, return_predicted, mean)
 
 
 def _block_logits(
@@ -175,9 +180,10 @@ def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False,
 
 def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index, z_out=None,
                        temperature=1.0):  # fmt: skip
-    """(logprob, entropy, predicted, lse, mean_z, smooth): every output and what backward
-    needs; smooth = lse - mean_v z is label smoothing's term. ``z_out`` ([T, V] float32,
-    the sampler head's): receives every block's z as it is computed."""
+    """(logprob, entropy, predicted, lse, mean_z, smooth, mean_logits): every output and what
+    backward needs; mean_logits = sum_v z / V (vocab_zsum) and smooth = lse - mean_logits,
+    label smoothing's term. ``z_out`` ([T, V] float32, the sampler head's): receives every
+    block's z as it is computed."""
     V = weight.shape[0]
     t = targets.long()
     w = block_walk(hidden.float(), weight, t, multiplier, softcap, z_out, total=True,
@@ -185,7 +191,8 @@ def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_inde
     lse = w.max + ew.log(w.sum)
     mean_z = w.zsum / w.sum
     logprob = torch.where(t != ignore_index, w.z_target - lse, 0.0)
-    return logprob, lse - mean_z, w.arg_idx, lse, mean_z, lse - w.z_total / V
+    mean_logits = w.z_total / V
+    return logprob, lse - mean_z, w.arg_idx, lse, mean_z, lse - mean_logits, mean_logits
 
 
 PLANS = ("vocab_chunks", "token_chunks")  # the contract's equal-bits backward plans
@@ -342,16 +349,18 @@ def forward(
     return_entropy,
     return_predicted,
     temperature=1.0,
+    return_mean_logits=False,
 ):
-    """(logprob, entropy, predicted, lse, mean_z) in the contract's order; None where not
-    asked for."""
-    lp, ent, pred, lse, mean_z, _ = strict_forward_all(
+    """(logprob, entropy, predicted, mean_logits, lse, mean_z) in the contract's order; None
+    where not asked for."""
+    lp, ent, pred, lse, mean_z, _, mean_logits = strict_forward_all(
         hidden, weight, targets, multiplier, softcap, ignore_index, temperature=temperature
     )
     return (
         lp,
         ent if return_entropy else None,
         pred if return_predicted else None,
+        mean_logits if return_mean_logits else None,
         lse,
         mean_z if return_entropy else None,
     )
@@ -369,6 +378,7 @@ def backward(
     return_entropy,
     return_predicted,
     temperature=1.0,
+    return_mean_logits=False,
 ):
     """{hidden, weight}: the contract's backward, in the contract's order."""
     g_lp, g_ent = grads["logprob"], grads["entropy"] if return_entropy else None
@@ -397,6 +407,7 @@ def eager_forward(
     return_entropy: bool = False,
     return_predicted: bool = False,
     temperature: float = 1.0,
+    return_mean_logits: bool = False,
 ):
     """Stock eager: library GEMM, logits rounded to the input dtype, full [T, V] in memory."""
     y = (hidden @ weight.T).float() * multiplier
@@ -408,4 +419,5 @@ def eager_forward(
     logp = torch.where(keep, logp_all.gather(1, torch.where(keep, t, 0)[:, None])[:, 0], 0.0)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if return_entropy else None
     predicted = z.argmax(-1) if return_predicted else None
-    return logp, entropy, predicted, torch.logsumexp(z, dim=-1), None
+    mean = z.mean(-1) if return_mean_logits else None
+    return logp, entropy, predicted, mean, torch.logsumexp(z, dim=-1), None

@@ -67,6 +67,7 @@ register(
     plan={
         **_HEAD_PLAN,
         "vocab_entropy": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
+        "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
     },
     summary="one fused GEMM + soft cap + per-block logsumexp kernel, then an ordered merge",
     **_HEAD,

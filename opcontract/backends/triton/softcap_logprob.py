@@ -120,6 +120,7 @@ class HeadResult(NamedTuple):
     mean_z: torch.Tensor | None
     smooth: torch.Tensor | None  # lse - mean_v z: label smoothing's term
     logits: torch.Tensor | None = None  # z [T, V] float32: the sampler head's
+    mean_logits: torch.Tensor | None = None  # mean_v z, with zsum
 
 
 def forward_all(
@@ -163,8 +164,9 @@ def forward_all(
     mean_z = torch.empty(T, **f32) if entropy else None
     pred = torch.empty(T, dtype=torch.int64, device=dev) if argmax else None
     smooth = torch.empty(T, **f32) if zsum else None
+    z_mean = torch.empty(T, **f32) if zsum else None
     z = torch.empty(T, V, **f32) if logits else None
-    result = HeadResult(logprob, ent, pred, lse, mean_z, smooth, z)
+    result = HeadResult(logprob, ent, pred, lse, mean_z, smooth, z, z_mean)
     if T == 0:
         return result
     hidden, weight, targets = (
@@ -254,6 +256,7 @@ def forward_all(
         mean_z if entropy else lse,
         pred if argmax else lse,
         smooth if zsum else lse,
+        z_mean if zsum else lse,
         T,
         V,
         n_blocks,
@@ -427,13 +430,13 @@ def _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg
 
 
 def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index,
-            return_entropy, return_predicted, temperature=1.0):
-    """(logprob, entropy, predicted, lse, mean_z) in the contract's order; None where not
-    asked for."""
+            return_entropy, return_predicted, temperature=1.0, return_mean_logits=False):
+    """(logprob, entropy, predicted, mean_logits, lse, mean_z) in the contract's order; None
+    where not asked for."""
     r = forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
                     ignore_index=ignore_index, entropy=return_entropy, argmax=return_predicted,
-                    config=config, temperature=temperature)
-    return r.logprob, r.entropy, r.predicted, r.lse, r.mean_z
+                    zsum=return_mean_logits, config=config, temperature=temperature)
+    return r.logprob, r.entropy, r.predicted, r.mean_logits, r.lse, r.mean_z
 
 
 def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier,
@@ -453,7 +456,8 @@ def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multi
 
 
 def logprob_backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index,
-                     return_entropy, return_predicted, temperature=1.0):
+                     return_entropy, return_predicted, temperature=1.0,
+                     return_mean_logits=False):
     g_ent = grads["entropy"] if return_entropy else None
     return head_backward(config, saved, grads["logprob"], g_ent, None, needs,
                          multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,

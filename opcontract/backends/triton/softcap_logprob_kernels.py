@@ -197,7 +197,7 @@ def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, par
 @triton.jit
 def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_ptr,
                   logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr,
-                  T, V, NUM_BLOCKS, ignore_index,
+                  zmean_ptr, T, V, NUM_BLOCKS, ignore_index,
                   ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
                   BLOCK_R: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -237,8 +237,10 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_pt
         tl.store(entropy_ptr + rows, lse - mean_z, mask=row_ok)
     if ARGMAX:
         tl.store(pred_ptr + rows, arg_idx, mask=row_ok)
-    if ZSUM:  # label smoothing's term: lse - mean_v z
-        tl.store(smooth_ptr + rows, lse - run_zsum / V, mask=row_ok)
+    if ZSUM:  # mean_v z, and label smoothing's term lse - mean_v z
+        z_mean = run_zsum / V
+        tl.store(zmean_ptr + rows, z_mean, mask=row_ok)
+        tl.store(smooth_ptr + rows, lse - z_mean, mask=row_ok)
 
 
 @triton.jit
