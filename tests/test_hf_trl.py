@@ -130,11 +130,11 @@ def sft_dataset(n_rows: int = 8) -> Dataset:
     return Dataset.from_list([{"input_ids": r} for r in rows])
 
 
-def sft_trainer(model, bf16: bool) -> SFTTrainer:
+def sft_trainer(model, bf16: bool, peft_config=None) -> SFTTrainer:
     args = SFTConfig(output_dir="/tmp/opcontract-sft", max_steps=2, per_device_train_batch_size=4,
                      learning_rate=1e-3, bf16=bf16, **COMMON)  # fmt: skip
     return SFTTrainer(model=model, args=args, train_dataset=sft_dataset(),
-                      processing_class=tiny_tokenizer())  # fmt: skip
+                      processing_class=tiny_tokenizer(), peft_config=peft_config)  # fmt: skip
 
 
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16-autocast", "fp32"])
@@ -168,7 +168,7 @@ def test_sft_trainer_without_enable_runs_trls_chunked_head(chunked_calls):
     assert len(chunked_calls) >= 1
 
 
-def grpo_trainer(model, **overrides) -> GRPOTrainer:
+def grpo_trainer(model, peft_config=None, **overrides) -> GRPOTrainer:
     """8 completions a step: 4 prompts of 1-4 words (left-padded by the trainer), 2 each,
     sampled by the model's own generate() (no vLLM)."""
     g = torch.Generator().manual_seed(3)
@@ -183,7 +183,7 @@ def grpo_trainer(model, **overrides) -> GRPOTrainer:
     kw.update(overrides)
     return GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**kw),
                        train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
-                       processing_class=tiny_tokenizer())  # fmt: skip
+                       processing_class=tiny_tokenizer(), peft_config=peft_config)  # fmt: skip
 
 
 def test_grpo_trainer_through_opcontract(chunked_calls, tmp_path):

@@ -1,5 +1,5 @@
 """The README's runnable examples run (the quickstart and the transformers example), and the
-docs' static-cache example: a user's first copy-paste works."""
+docs' static-cache, TRL and PEFT examples: a user's first copy-paste works."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ def block_after(path: Path, heading: str) -> str:
         ("README.md", "## Install and a first call"),
         ("README.md", "## Muse Glimmer in transformers and TRL"),
         ("docs/transformers.md", "## Static cache and `torch.compile`"),
+        ("docs/transformers.md", "## TRL 1.16"),
+        ("docs/transformers.md", "**PEFT LoRA**"),
     ],
 )
 def test_example_runs(path, heading, capsys):
     if "transformers" in heading or path.endswith("transformers.md"):
         pytest.importorskip("transformers")
+    if "PEFT" in heading:
+        pytest.importorskip("peft")
     code = block_after(ROOT / path, heading)
     exec(compile(code, f"{path}:{heading}", "exec"), {"__name__": "__example__"})
     out = capsys.readouterr().out

@@ -51,6 +51,7 @@ from transformers.models.muse_glimmer import modeling_muse_glimmer as mg
 from opcontract import attention as _attention
 from opcontract import dispatch
 from opcontract.backends.placement import on_device
+from opcontract.integrations import lora
 from opcontract.integrations.cache_base import LayerKindsCache, OpcontractPatchError
 from opcontract.integrations.positions import positions_from_mask
 from opcontract.integrations.static_cache import CacheStep, OpcontractStaticCache, require
@@ -82,8 +83,8 @@ __all__ = [
 
 
 def is_patched(model: nn.Module) -> bool:
-    """Whether :func:`apply_opcontract` has patched ``model``."""
-    return bool(getattr(model, _FLAG, False))
+    """Whether :func:`apply_opcontract` has patched ``model`` (or a ``PeftModel``'s model)."""
+    return bool(vars(lora.unwrap(model)).get(_FLAG, False))
 
 
 # -- the KV cache generate() uses ---------------------------------------------------------
@@ -313,6 +314,39 @@ def _patch_linear(lin: nn.Linear, backend: str | None) -> None:
         return _rows(lambda r: gemm(r, self.weight, self.bias), x)
 
     lin.forward = types.MethodType(forward, lin)
+    object.__setattr__(lin, lora.MARK, True)
+
+
+def _patch_projection(owner: nn.Module, name: str, where: str, backend: str | None) -> None:
+    """``owner.<name>``: an nn.Linear, or PEFT's LoRA layer over one (both through
+    dense_gemm)."""
+    mod = owner._modules[name]
+    if lora.is_lora_linear(mod):
+        lora.patch_lora_linear(mod, f"{where}.{name}", lambda lin: _patch_linear(lin, backend),
+                               dispatch.op("dense_gemm", backend=backend))  # fmt: skip
+    else:
+        _patch_linear(mod, backend)
+
+
+def _need_projection(owner: nn.Module, name: str, where: str) -> nn.Module:
+    """``owner.<name>`` when it is an nn.Linear or a LoRA layer this patch serves."""
+    mod = getattr(owner, name, None)
+    if mod is not None and lora.is_lora_linear(mod):
+        lora.check_lora_linear(mod, f"{where}.{name}")
+        return mod
+    return _need(owner, name, nn.Linear, where)
+
+
+def _proj(owner: nn.Module, name: str, where: str) -> nn.Module:
+    """``owner.<name>``, refused when something replaced it after patching (e.g. PEFT's
+    ``get_peft_model`` on a patched model: its adapter products would run unpatched)."""
+    mod = owner._modules[name]
+    if not mod.__dict__.get(lora.MARK, False):
+        raise OpcontractPatchError(
+            f"{where}.{name} is {lora.describe(mod)}, put there after apply_opcontract; call "
+            "apply_opcontract(model) again (it patches PEFT's LoRA layers) before running it"
+        )
+    return mod
 
 
 def _patch_norm(norm: nn.Module, variant: str, backend: str | None) -> None:
@@ -339,20 +373,46 @@ def _patch_embedding(emb: nn.Embedding, backend: str | None) -> None:
         return y.reshape(*input_ids.shape, y.shape[-1])
 
     emb.forward = types.MethodType(forward, emb)
+    object.__setattr__(emb, lora.MARK, True)
 
 
-def _patch_mlp(mlp: nn.Module, backend: str | None) -> None:
+def _head_weight(model: nn.Module) -> torch.Tensor:
+    """``model.lm_head.weight``, refused when something replaced the head after patching
+    (a LoRA layer's ``weight`` is its base weight: the fused head would drop the adapter)."""
+    head = model._modules["lm_head"]
+    if not head.__dict__.get(lora.MARK, False):
+        raise OpcontractPatchError(
+            f"model.lm_head is {lora.describe(head)}, put there after apply_opcontract; the "
+            "fused head reads lm_head.weight alone (leave lm_head out of LoRA's target_modules "
+            "and modules_to_save)"
+        )
+    return head.weight
+
+
+def _check_embedding(model: nn.Module) -> None:
+    emb = model.model.language_model._modules["embed_tokens"]
+    if not emb.__dict__.get(lora.MARK, False):
+        raise OpcontractPatchError(
+            f"model.model.language_model.embed_tokens is {lora.describe(emb)}, put there after "
+            "apply_opcontract (leave embed_tokens out of LoRA's target_modules and "
+            "modules_to_save)"
+        )
+
+
+def _patch_mlp(mlp: nn.Module, where: str, backend: str | None) -> None:
     op = dispatch.op("swiglu", backend=backend)
 
     def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        g, u = self.gate_proj(x), self.up_proj(x)
+        g, u = _proj(self, "gate_proj", where)(x), _proj(self, "up_proj", where)(x)
         y = op(g.reshape(-1, g.shape[-1]), u.reshape(-1, u.shape[-1])).reshape(g.shape)
-        return self.down_proj(y)
+        return _proj(self, "down_proj", where)(y)
 
     mlp.forward = types.MethodType(forward, mlp)
 
 
-def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backend: str | None):
+def _patch_attention(
+    attn: nn.Module, kind: str, rope_theta: float | None, where: str, backend: str | None
+) -> None:
     qk_op = dispatch.op("qk_norm_rope", backend=backend)
 
     def forward(
@@ -365,10 +425,10 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
     ) -> tuple[torch.Tensor, None]:
         B, L, _ = hidden_states.shape
         D = self.head_dim
-        q = self.q_proj(hidden_states).view(B, L, -1, D)
-        k = self.k_proj(hidden_states).view(B, L, -1, D)
-        v = self.v_proj(hidden_states).view(B, L, -1, D)
-        gate = self.gate_proj(hidden_states).view(B, L, -1, D)
+        q = _proj(self, "q_proj", where)(hidden_states).view(B, L, -1, D)
+        k = _proj(self, "k_proj", where)(hidden_states).view(B, L, -1, D)
+        v = _proj(self, "v_proj", where)(hidden_states).view(B, L, -1, D)
+        gate = _proj(self, "gate_proj", where)(hidden_states).view(B, L, -1, D)
         step = kwargs.get("opcontract_step")  # OpcontractStaticCache's, from the top forward
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(
@@ -411,7 +471,7 @@ def _patch_attention(attn: nn.Module, kind: str, rope_theta: float | None, backe
             backend=backend,
             opcontract_step=step,
         )
-        return self.o_proj(out.reshape(B, L, -1)), None
+        return _proj(self, "o_proj", where)(out.reshape(B, L, -1)), None
 
     attn.forward = types.MethodType(forward, attn)
 
@@ -464,18 +524,15 @@ def _head(model: nn.Module, hidden: torch.Tensor, backend: str | None):
     text = model.config.text_config
     op = _op("softcap_logits", backend)
     flat = hidden.reshape(-1, hidden.shape[-1])
+    weight = _head_weight(model)
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
-        w = (
-            model.lm_head.weight.to_local()
-            if hasattr(model.lm_head.weight, "to_local")
-            else model.lm_head.weight
-        )
+        w = weight.to_local() if hasattr(weight, "to_local") else weight
         parts = [sharded.logits(flat[i : i + SAMPLER_ROWS], w)
                  for i in range(0, flat.shape[0], SAMPLER_ROWS)]  # fmt: skip
     else:
         parts = [
-            op(flat[i : i + SAMPLER_ROWS], model.lm_head.weight,
+            op(flat[i : i + SAMPLER_ROWS], weight,
                multiplier=text.output_multiplier, softcap=text.final_logit_softcapping)
             for i in range(0, flat.shape[0], SAMPLER_ROWS)
         ]  # fmt: skip
@@ -503,6 +560,7 @@ def logprob_head(
     ``temperature``). A ``LogprobOutput`` (``logprob`` [T] float32; ``entropy``,
     ``predicted`` and ``mean_logits`` when asked). Rows are batch-invariant: a row's bits do
     not depend on the other rows in the call."""
+    model = lora.unwrap(model)
     text = model.config.text_config
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
@@ -512,7 +570,7 @@ def logprob_head(
                 f"{what}: the vocabulary-parallel head serves neither a temperature nor "
                 "mean_logits (its vocab_slice contracts declare none); use an unsharded head"
             )
-        w = model.lm_head.weight
+        w = _head_weight(model)
         w = w.to_local() if hasattr(w, "to_local") else w
         lp = sharded.logprob(hidden, w, targets)
         if not (entropy or predicted):
@@ -520,7 +578,7 @@ def logprob_head(
         ent, pred = sharded.head_outputs(hidden, w, entropy, predicted)  # entropy: no gradient
         return LogprobOutput(logprob=lp, entropy=ent, predicted=pred)
     out = _op("softcap_logprob", backend)(
-        hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
+        hidden, _head_weight(model), targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,
         temperature=temperature, return_mean_logits=mean_logits,
     )  # fmt: skip
@@ -638,7 +696,7 @@ def _label_loss(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
         return -out.logprob.sum(), hits
     text = model.config.text_config
     out = _op("linear_cross_entropy", backend)(
-        hidden, model.lm_head.weight, targets, multiplier=text.output_multiplier,
+        hidden, _head_weight(model), targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, reduction="sum",
         return_token_accuracy=accuracy,
     )  # fmt: skip
@@ -709,6 +767,7 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         **kwargs: Any,
     ) -> OpcontractCausalLMOutput:
         ref = input_ids if input_ids is not None else inputs_embeds
+        _check_embedding(self)
         if isinstance(past_key_values, OpcontractStaticCache):
             return _static_forward(self, backend, input_ids, attention_mask, position_ids,
                                    past_key_values, inputs_embeds, labels, logits_to_keep,
@@ -747,7 +806,7 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
             if past_key_values is not None:
                 past_key_values._host_mask = None
         return _lm_output(self, backend, outputs, labels, logits_to_keep, num_items_in_batch,
-                          skip_logits, return_token_accuracy)
+                          skip_logits, return_token_accuracy)  # fmt: skip
 
     model.forward = types.MethodType(forward, model)
     object.__setattr__(model, OPCONTRACT_FORWARD, model.forward)  # what integrations.trl wraps
@@ -818,8 +877,31 @@ def _need(owner: nn.Module, name: str, cls: type | tuple[type, ...], where: str)
         raise OpcontractPatchError(f"{where}.{name}: expected a module, found none")
     if not isinstance(mod, cls):
         want = cls.__name__ if isinstance(cls, type) else " or ".join(c.__name__ for c in cls)
-        raise OpcontractPatchError(f"{where}.{name}: expected {want}, found {type(mod).__name__}")
+        raise OpcontractPatchError(f"{where}.{name}: expected {want}, found {lora.describe(mod)}")
     return mod
+
+
+def _projections(layer: nn.Module, where: str) -> list[tuple[nn.Module, str, str]]:
+    """(owner, name, owner's path) of a decoder layer's eight projections."""
+    sa, mlp = layer.self_attn, layer.mlp
+    attn = [(sa, n, f"{where}.self_attn") for n in ("q_proj", "k_proj", "v_proj", "gate_proj",
+                                                    "o_proj")]  # fmt: skip
+    return attn + [(mlp, n, f"{where}.mlp") for n in ("gate_proj", "up_proj", "down_proj")]
+
+
+def _refresh_plan(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
+    """The projections of a patched model replaced since patching (PEFT's LoRA layers), each
+    checked; the head and embedding must be the patched ones. Raises before any change."""
+    _head_weight(model)
+    _check_embedding(model)
+    where = "model.model.language_model"
+    todo = []
+    for i, layer in enumerate(model.model.language_model.layers):
+        for owner, name, path in _projections(layer, f"{where}.layers.{i}"):
+            if not owner._modules[name].__dict__.get(lora.MARK, False):
+                _need_projection(owner, name, path)
+                todo.append((owner, name, path))
+    return todo
 
 
 def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
@@ -836,7 +918,7 @@ def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
     lm = _need(base, "language_model", mg.MuseGlimmerTextModel, "model.model")
     if lm.config is not text:
         raise OpcontractPatchError("model.model.language_model.config is not config.text_config")
-    head = _need(model, "lm_head", nn.Linear, "model")
+    head = _need(model, "lm_head", nn.Linear, "model")  # a LoRA head: refused (not nn.Linear)
     if head.bias is not None:
         raise OpcontractPatchError("model.lm_head has a bias; softcap_logprob's head has none")
     if text.hidden_activation != "silu":
@@ -872,10 +954,9 @@ def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
             raise OpcontractPatchError(f"{w}: expected MuseGlimmerTextDecoderLayer")
         sa = _need(layer, "self_attn", mg.MuseGlimmerTextAttention, w)
         mlp = _need(layer, "mlp", mg.MuseGlimmerTextMLP, w)
-        attn_lins = ("q_proj", "k_proj", "v_proj", "gate_proj", "o_proj")
-        lins = [_need(sa, n, nn.Linear, f"{w}.self_attn") for n in attn_lins]
-        mlp_lins = ("gate_proj", "up_proj", "down_proj")
-        lins += [_need(mlp, n, nn.Linear, f"{w}.mlp") for n in mlp_lins]
+        projections = _projections(layer, w)
+        for owner, name, where_ in projections:
+            _need_projection(owner, name, where_)
         norms = [
             _need(layer, n, centred, w)
             for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -896,23 +977,26 @@ def _plan(model: nn.Module) -> list[Callable[[str | None], None]]:
             raise OpcontractPatchError(f"{w}.self_attn.sliding_window disagrees with the config")
         kind = "local" if local else "global"
         theta = float(text.rope_parameters["rope_theta"]) if local else None
-        steps += [lambda b, m=m: _patch_linear(m, b) for m in lins]
+        steps += [lambda b, o=o, n=n, p=p: _patch_projection(o, n, p, b)
+                  for o, n, p in projections]  # fmt: skip
         steps += [lambda b, m=m: _patch_norm(m, "centred", b) for m in norms]
         steps += [
             lambda b, m=qk_norm: _patch_norm(m, "weightless", b),
-            lambda b, m=mlp: _patch_mlp(m, b),
-            lambda b, m=sa, k=kind, t=theta: _patch_attention(m, k, t, b),
+            lambda b, m=mlp, w=w: _patch_mlp(m, f"{w}.mlp", b),
+            lambda b, m=sa, k=kind, t=theta, w=w: _patch_attention(m, k, t, f"{w}.self_attn", b),
             lambda b, m=layer: _patch_decoder_layer(m, b),
         ]
     return steps
 
 
 def apply_opcontract(model: nn.Module, *, backend: str | None = None) -> nn.Module:
-    """Patch ``model`` (a ``MuseGlimmerForConditionalGeneration``) in place and return it.
+    """Patch ``model`` (a ``MuseGlimmerForConditionalGeneration``, or a ``peft.PeftModel``
+    around one) in place and return it.
 
     ``backend`` forces one backend for every op (``"torch"``: the portable strict path);
-    None lets dispatch choose per op. Idempotent: a patched model is returned as it is (asked
-    for another backend than it was patched with, it raises). Raises
+    None lets dispatch choose per op. Idempotent: on a patched model it only patches the
+    projections replaced since (PEFT's LoRA layers, :mod:`opcontract.integrations.lora`),
+    asked for another backend than it was patched with, it raises. Raises
     :class:`OpcontractPatchError` (and changes nothing) on a model it does not know. The
     vision tower, adapter and projection are not patched.
 
@@ -920,19 +1004,22 @@ def apply_opcontract(model: nn.Module, *, backend: str | None = None) -> nn.Modu
     patching gives the bits of a model patched after the move; a dtype outside the ops'
     contracts (float64) is refused at call time by the first op, naming it.
     """
-    if is_patched(model):
-        if backend != patched_backend(model):
+    inner = lora.unwrap(model)
+    if is_patched(inner):
+        if backend != patched_backend(inner):
             raise OpcontractPatchError(
                 f"backend={backend!r}: the model is already patched with "
-                f"backend={patched_backend(model)!r}; patch a fresh model to change it"
+                f"backend={patched_backend(inner)!r}; patch a fresh model to change it"
             )
+        for owner, name, path in _refresh_plan(inner):
+            _patch_projection(owner, name, path, backend)
         return model
-    steps = _plan(model)
+    steps = _plan(inner)
     for step in steps:
         step(backend)
-    model.config.text_config._attn_implementation = ATTN_IMPLEMENTATION
-    object.__setattr__(model, _BACKEND, backend)
-    object.__setattr__(model, _FLAG, True)
+    inner.config.text_config._attn_implementation = ATTN_IMPLEMENTATION
+    object.__setattr__(inner, _BACKEND, backend)
+    object.__setattr__(inner, _FLAG, True)
     return model
 
 
@@ -940,7 +1027,7 @@ def patched_backend(model: nn.Module) -> str | None:
     """The ``backend`` a patched model was patched with (None: dispatch chooses per op)."""
     if not is_patched(model):
         raise OpcontractPatchError("patched_backend: the model is not patched")
-    return getattr(model, _BACKEND)
+    return vars(lora.unwrap(model))[_BACKEND]
 
 
 def token_logprobs(
@@ -954,6 +1041,7 @@ def token_logprobs(
     """The training forward's log-probability of each next token: [B, L - 1] float32,
     entry t the log-prob of input_ids[:, t + 1] given the tokens up to t (softcap_logprob,
     the head the trainer takes, of softmax(z / ``temperature``)). Padding targets give 0."""
+    model = lora.unwrap(model)
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
                          use_cache=False).last_hidden_state  # fmt: skip
     tgt = input_ids[:, 1:]
@@ -998,6 +1086,7 @@ def generate_with_logprobs(
     trainer at that temperature scores, e.g. GRPO's; pass the sampling temperature): the
     hook then keeps the last position's final hidden row and runs softcap_logprob at that
     temperature on it, so the value is ``token_logprobs(..., temperature=...)``'s, bitwise."""
+    model = lora.unwrap(model)  # PeftModel.generate is its model's, adapters active
     if not is_patched(model):
         raise OpcontractPatchError("generate_with_logprobs: the model is not patched")
     for name in ("num_beams", "num_return_sequences"):

@@ -33,6 +33,7 @@ from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_contex
 from torch import nn
 from trl.trainer.utils import FusedCausalLMOutput
 
+from opcontract.integrations import lora
 from opcontract.integrations import transformers as _hf
 from opcontract.integrations.transformers import OpcontractPatchError
 
@@ -58,8 +59,8 @@ def _head_of(model: nn.Module) -> Any:
 
 def is_enabled(model: nn.Module) -> bool:
     """Whether the model's head is opcontract's (:func:`install_head`), under accelerate's
-    mixed-precision wrapper or not."""
-    return bool(getattr(_head_of(model), _HEAD_FLAG, False))
+    mixed-precision wrapper or not (a ``PeftModel``: its model's)."""
+    return bool(getattr(_head_of(lora.unwrap(model)), _HEAD_FLAG, False))
 
 
 def _trl_request(model: nn.Module, where: str) -> tuple[tuple[str, ...], float]:
@@ -113,7 +114,9 @@ def enable(trainer: Any, *, backend: str | None = None) -> Any:
     :func:`~opcontract.integrations.transformers.apply_opcontract` (``backend``); a patched one
     keeps the backend it was patched with (another non-None ``backend`` raises). Everything
     is checked before anything changes; idempotent. Returns the trainer."""
-    models = [("trainer.model", trainer.model)]
+    # TRL puts its head on a PeftModel's model (get_base_model()); the LoRA layers inside are
+    # patched with the rest (opcontract.integrations.lora)
+    models = [("trainer.model", lora.unwrap(trainer.model))]
     if getattr(trainer, "ref_model", None) is not None:
         models.append(("trainer.ref_model", trainer.ref_model))
     plans = []
@@ -122,6 +125,7 @@ def enable(trainer: Any, *, backend: str | None = None) -> Any:
             _hf._plan(model)  # raises OpcontractPatchError (nothing changed) on a model it can't
             chosen = backend
         else:
+            _hf._refresh_plan(model)  # LoRA layers added since patching: checked here
             chosen = _hf.patched_backend(model)
             if backend is not None and backend != chosen:
                 raise OpcontractPatchError(
@@ -129,10 +133,10 @@ def enable(trainer: Any, *, backend: str | None = None) -> Any:
                 )
         plans.append((model, _trl_request(model, where), chosen))
     for model, (outputs, temperature), chosen in plans:
+        _hf.apply_opcontract(model, backend=chosen)  # on a patched one: LoRA layers added since
         if is_enabled(model):
             continue
         amp = _amp_wrapped(model)
-        _hf.apply_opcontract(model, backend=chosen)
         install_head(model, outputs=outputs, temperature=temperature)
         if amp:  # wrap the new head as accelerate wrapped TRL's (the same autocast)
             acc = trainer.accelerator
@@ -152,6 +156,7 @@ def install_head(
     ``FusedCausalLMOutput`` whose per-token fields are zero where the next-token label is
     -100, of softmax(z / ``temperature``) as TRL's head at that temperature; without
     ``fused_lm_head`` the call is the patched forward's (generation is unchanged)."""
+    given, model = model, lora.unwrap(model)  # a PeftModel: the head goes on its model
     if not _hf.is_patched(model):
         raise OpcontractPatchError("install_head: the model is not patched by apply_opcontract")
     backend = _hf.patched_backend(model)
@@ -187,6 +192,7 @@ def install_head(
         kwargs.pop("use_cache", None)
         kwargs.pop("logits_to_keep", None)
         ids = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        _hf._check_embedding(self)
         _hf._check_position_ids(kwargs.get("position_ids"), kwargs.get("attention_mask"),
                                 ids.shape[1])  # fmt: skip
         hidden = self.model(**kwargs, use_cache=False).last_hidden_state
@@ -220,4 +226,4 @@ def install_head(
 
     forward.__dict__[_HEAD_FLAG] = True
     model.forward = types.MethodType(forward, model)
-    return model
+    return given
