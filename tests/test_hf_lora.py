@@ -65,11 +65,17 @@ def test_lora_parity_with_stock_peft_float64():
     assert not bad, bad
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lora_rollout_equals_training_bitwise(dtype):
+@pytest.mark.parametrize(
+    "backend, dtype",
+    [("torch", torch.float32), ("torch", torch.bfloat16), ("triton", torch.float32)],
+)
+def test_lora_rollout_equals_training_bitwise(backend, dtype, monkeypatch):
     """generate_with_logprobs through a PeftModel (sampled, left-padded, mixed lengths) =
-    token_logprobs of the finished sequences, and each sequence alone = in the batch."""
-    model = apply_opcontract(lora_model(dtype), backend="torch")
+    token_logprobs of the finished sequences, and each sequence alone = in the batch. Triton
+    runs under the interpreter on the CPU."""
+    if backend == "triton" and not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model = apply_opcontract(lora_model(dtype), backend=backend)
     assert is_patched(model)
     ids, mask = left_padded([3, 9, 5, 12])
     torch.manual_seed(0)

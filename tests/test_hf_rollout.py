@@ -142,3 +142,22 @@ def test_rollout_equals_trls_trainer_and_stock_does_not():
     patched = train_rollout_mismatches(torch.bfloat16, patched=True, **kw)
     assert patched["differ"] == 0 and patched["tokens"] == 18
     assert stock["differ"] > 0, stock
+
+
+def test_token_logprobs_takes_the_patched_backend_by_default(monkeypatch):
+    """A model patched with backend="triton" (the interpreter on the CPU): token_logprobs
+    without a backend scores with the Triton head its generation used, so the rollout's
+    log-probs equal it bitwise (the torch head's differ in the last bits here: at seed 1, 1
+    of 12 tokens by 4.8e-7, what a default of dispatch's choice gave)."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model = apply_opcontract(tiny_muse_glimmer(seed=1), backend="triton")
+    ids, mask = left_padded([3, 9, 5], seed=2)
+    torch.manual_seed(1)
+    ro = generate_with_logprobs(model, ids, mask, max_new_tokens=4, do_sample=True)
+    P = ids.shape[1]
+    with torch.no_grad():
+        default = token_logprobs(model, ro.sequences, ro.attention_mask)
+        triton = token_logprobs(model, ro.sequences, ro.attention_mask, backend="triton")
+    assert torch.equal(default, triton)
+    assert int((default[:, P - 1 :] != ro.logprobs).sum()) == 0

@@ -559,8 +559,11 @@ def logprob_head(
     [T] (-100 ignored), with the model's multiplier and soft cap, of softmax(z /
     ``temperature``). A ``LogprobOutput`` (``logprob`` [T] float32; ``entropy``,
     ``predicted`` and ``mean_logits`` when asked). Rows are batch-invariant: a row's bits do
-    not depend on the other rows in the call."""
+    not depend on the other rows in the call. ``backend`` None: the one the model was patched
+    with (the head its own forward and generation run)."""
     model = lora.unwrap(model)
+    if backend is None and is_patched(model):
+        backend = patched_backend(model)
     text = model.config.text_config
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
@@ -1040,8 +1043,11 @@ def token_logprobs(
 ) -> torch.Tensor:
     """The training forward's log-probability of each next token: [B, L - 1] float32,
     entry t the log-prob of input_ids[:, t + 1] given the tokens up to t (softcap_logprob,
-    the head the trainer takes, of softmax(z / ``temperature``)). Padding targets give 0."""
+    the head the trainer takes, of softmax(z / ``temperature``)). Padding targets give 0.
+    ``backend`` None: the one the model was patched with (its generation's)."""
     model = lora.unwrap(model)
+    if backend is None and is_patched(model):
+        backend = patched_backend(model)
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
                          use_cache=False).last_hidden_state  # fmt: skip
     tgt = input_ids[:, 1:]
