@@ -160,7 +160,10 @@ def _defaults(T: int | None) -> dict:
             "bwd_block_m": _block_m(T), "bwd_warps": 8,
             "bwd_stages": 2 if T is not None and T >= 1024 else 1,
             "dkv_stages": 2 if T is not None and T >= 1024 else 1,
-            "dkv_keys": BLOCK, "dkv_t": 0, "heavy_first": 0}  # fmt: skip
+            # 64 keys a dk/dv program from T = 1024 (attention_backward_options_h100.json:
+            # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
+            "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
+            "dkv_t": 0, "heavy_first": 0}  # fmt: skip
 
 
 def _block_m(T: int | None) -> int:
