@@ -159,7 +159,34 @@ def test_overlapped_loop_only_where_k_is_a_multiple_of_512(monkeypatch):
     for K, overlap in ((1024, 1), (1000, 1), (6656, 1), (1024, 0), (512, None)):
         x, w, _ = _xwb(M=3, K=K, N=16)
         dg.gemm(x, w, None, None if overlap is None else {"overlap": overlap})
-    assert [k[-1] for k in keys] == [True, False, True, False, dg.CONFIG["overlap"] == 1]
+    assert [k[5] for k in keys] == [True, False, True, False, dg.CONFIG["overlap"] == 1]
+
+
+def test_backward_reads_transposed_operands_in_place(monkeypatch):
+    """The backward's transposed operands (weight.T for dx; dy.T and x.T for dweight) go to
+    the kernel as views, MN-major, where TMA can read them (extents and strides multiples of
+    8); elsewhere they are copied K-major as before."""
+    import contextlib
+
+    from opcontract.backends.cute import dense_gemm as dg
+
+    seen = []
+
+    def launch(key, a, b, c, bias, num_ctas):
+        seen.append((key[6], key[7], a.is_contiguous(), b.is_contiguous()))
+
+    monkeypatch.setattr(dg, "_launch", launch)
+    monkeypatch.setattr(dg, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    x, w, _ = _xwb(M=64, K=96, N=40)
+    dy = torch.randn(64, 40).bfloat16()
+    dg.backward(dy, x, w, has_bias=False)
+    # dx: a = dy (K-major), b = weight.T (MN-major); dw: a = dy.T, b = x.T (both MN-major)
+    assert seen == [(False, True, True, False), (True, True, False, False)]
+    seen.clear()
+    x, w, _ = _xwb(M=37, K=300, N=70)  # extents not multiples of 8: K-major copies
+    dg.backward(torch.randn(37, 70).bfloat16(), x, w, has_bias=False)
+    assert seen == [(False, False, True, True), (False, False, True, True)]
 
 
 # ---------------------------------------------------------------- GPU (SM90 + CUTLASS DSL)
@@ -236,7 +263,7 @@ def test_cute_overlapped_promotion_keeps_the_bits(tiles, dtype):
             plain = dg.gemm(x, w, bias, {**cfg, "overlap": 0})
             overlapped = dg.gemm(x, w, bias, {**cfg, "overlap": 1})
             assert torch.equal(plain, overlapped), (K, bias is not None)
-    assert {key[-1] for key in dg._compiled} == {False, True}  # both loops ran
+    assert {key[5] for key in dg._compiled} == {False, True}  # both loops ran
 
 
 @pytest.mark.gpu
@@ -258,6 +285,28 @@ def test_cute_backward_close_to_float64():
     ):
         rel = ((got.double() - ref).norm() / ref.norm()).item()
         assert rel <= tol, rel
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("M", [304, 4096])
+@pytest.mark.parametrize("N,K", MUSE_NK)
+def test_cute_backward_mn_major_gives_the_copied_operands_bits(M, N, K):
+    """dx and dweight with the transposed operands read in place (MN-major) equal the same
+    GEMMs on K-major copies, and Triton's, bitwise."""
+    from opcontract.backends.cute import dense_gemm as dg
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(N, K, device="cuda", generator=g) * K**-0.5).bfloat16()
+    dy = torch.randn(M, N, device="cuda", generator=g).bfloat16()
+    dx, dw, _ = dg.backward(dy, x, w, has_bias=False)
+    assert torch.equal(dx, dg.gemm(dy, w.T.contiguous()))
+    assert torch.equal(dw, dg.gemm(dy.T.contiguous(), x.T.contiguous()))
+    xt, wt = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    y = dispatch.op("dense_gemm", backend="triton")(xt, wt)
+    tdx, tdw = torch.autograd.grad(y, (xt, wt), dy)
+    assert torch.equal(dx, tdx) and torch.equal(dw, tdw)
 
 
 @pytest.mark.gpu

@@ -50,6 +50,23 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _mn_major(t: torch.Tensor) -> bool:
+    """Whether TMA can read ``t`` [R, C] (R the M or N extent, C the K extent) as it is,
+    MN-major: unit row stride (a transposed view of a row-major matrix), R and the column
+    stride multiples of 8, a 16-byte aligned base, and C a multiple of 8 (no K padding). The
+    WGMMA reads MN-major tiles from shared memory; the products and their order along K are
+    those of the K-major layout."""
+    R, C = t.shape
+    return (
+        t.stride(0) == 1
+        and R % _ALIGN == 0
+        and C % _ALIGN == 0
+        and t.stride(1) >= R
+        and t.stride(1) % _ALIGN == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
 def _tma_ready(t: torch.Tensor, cols: int) -> torch.Tensor:
     """``t`` [R, C] itself when TMA can read it as [R, cols] (cols == C, unit column stride,
     16-byte aligned rows and base), else a zero-padded contiguous [R, cols] copy."""
@@ -98,7 +115,7 @@ def _cute_tensor(t: torch.Tensor, leading_dim: int):
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def _fake_args(dtype: torch.dtype) -> tuple:
+def _fake_args(dtype: torch.dtype, a_mn: bool = False, b_mn: bool = False) -> tuple:
     """Compile-time stand-ins for (a, b, c, bias, num_ctas, stream) under TVM FFI: row-major
     matrices with any row count, 8-divisible column count and row stride, 16-byte aligned
     (what the host guarantees); the stream is the caller's current torch stream."""
@@ -108,7 +125,14 @@ def _fake_args(dtype: torch.dtype) -> tuple:
 
     dt = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
 
-    def matrix():
+    def matrix(mn: bool = False):
+        if mn:  # a transposed view: unit stride along the rows
+            return make_fake_tensor(
+                dt,
+                (cute.sym_int64(divisibility=_ALIGN), cute.sym_int64(divisibility=_ALIGN)),
+                (1, cute.sym_int64(divisibility=_ALIGN)),
+                assumed_align=16,
+            )
         return make_fake_tensor(
             dt,
             (cute.sym_int64(), cute.sym_int64(divisibility=_ALIGN)),
@@ -118,7 +142,7 @@ def _fake_args(dtype: torch.dtype) -> tuple:
 
     bias = make_fake_tensor(dt, (cute.sym_int64(),), (1,), assumed_align=2)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    return matrix(), matrix(), matrix(), bias, cutlass.Int32(1), stream
+    return matrix(a_mn), matrix(b_mn), matrix(), bias, cutlass.Int32(1), stream
 
 
 def _dlpack_args(a, b, c, bias, num_ctas):
@@ -127,8 +151,8 @@ def _dlpack_args(a, b, c, bias, num_ctas):
 
     stream = cuda.CUstream(torch.cuda.current_stream(a.device).cuda_stream)
     return (
-        _cute_tensor(a, 1),
-        _cute_tensor(b, 1),
+        _cute_tensor(a, 0 if a.stride(0) == 1 and a.stride(1) != 1 else 1),
+        _cute_tensor(b, 0 if b.stride(0) == 1 and b.stride(1) != 1 else 1),
         _cute_tensor(c, 1),
         _cute_tensor(bias, 0),
         cutlass.Int32(num_ctas),
@@ -137,8 +161,8 @@ def _dlpack_args(a, b, c, bias, num_ctas):
 
 
 def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
-    """Compile once per key (dtype, tiles, group, bias, overlap), then launch on the current
-    stream."""
+    """Compile once per key (dtype, tiles, group, bias, overlap, a and b MN-major), then
+    launch on the current stream."""
     ffi = _tvm_ffi()
     args = None if ffi else _dlpack_args(a, b, c, bias, num_ctas)
     fn = _compiled.get(key)
@@ -147,10 +171,10 @@ def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
 
         from opcontract.backends.cute.dense_gemm_kernels import PromotedGemmSm90
 
-        dtype, tile_m, tile_n, group_m, has_bias, overlap = key
+        dtype, tile_m, tile_n, group_m, has_bias, overlap, a_mn, b_mn = key
         kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap)
         if ffi:
-            fn = cute.compile(kernel, *_fake_args(dtype), options="--enable-tvm-ffi")
+            fn = cute.compile(kernel, *_fake_args(dtype, a_mn, b_mn), options="--enable-tvm-ffi")
         else:
             fn = cute.compile(kernel, *args)
         _compiled[key] = fn
@@ -188,15 +212,16 @@ def gemm(
         return (acc if bias is None else acc + bias.float()).to(a.dtype)
     Kp = _round_up(K, _ALIGN)
     Np = _round_up(N, _ALIGN)
-    a = _tma_ready(a, Kp)
-    b = _tma_ready(b, Kp)
+    a_mn, b_mn = _mn_major(a), _mn_major(b)  # transposed views are read as they are
+    a = a if a_mn else _tma_ready(a, Kp)
+    b = b if b_mn else _tma_ready(b, Kp)
     c = torch.empty(M, Np, dtype=a.dtype, device=a.device)
     bias_t = bias.contiguous() if bias is not None else _no_bias(a.device, a.dtype)
     tile_m, tile_n = int(cfg["tile_m"]), int(cfg["tile_n"])
     tiles = -(-M // tile_m) * -(-N // tile_n)
     num_ctas = min(tiles, _sm_count(a.device.index or 0))
     overlap = bool(int(cfg.get("overlap", 0))) and Kp % OVERLAP_K == 0
-    key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap)
+    key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap, a_mn, b_mn)
     if a.device.type != "cuda" or a.device.index == torch.cuda.current_device():
         _launch(key, a, b, c, bias_t, num_ctas)
     else:  # the kernel launches on the current device: make it a's
@@ -220,18 +245,18 @@ def backward(
     config: dict | None = None,
     needs: dict | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(dx, dweight, dbias) with the same kernel (K-major operands are transposed copies);
-    ``needs`` (default all) leaves an unneeded one None and its GEMM unrun.
+    """(dx, dweight, dbias) with the same kernel, its transposed operands read MN-major in
+    place (no copies); ``needs`` (default all) leaves an unneeded one None and its GEMM unrun.
 
     grad_x_n: dx = dy @ weight, partials of 256 along N; grad_weight_m: dw = dy.T @ x,
     partials of 256 along M; grad_bias_m: a fixed pairwise tree over rows.
     """
     need = needed(needs, has_bias)
     dy = dy.contiguous()
-    dx = gemm(dy, weight.T.contiguous(), None, config) if need["x"] else None  # [M, N] @ [K, N].T
+    dx = gemm(dy, weight.T, None, config) if need["x"] else None  # [M, N] @ [K, N].T
     dw = None
     if need["weight"]:  # [N, M] @ [K, M].T
-        dw = gemm(dy.T.contiguous(), x.T.contiguous(), None, config)
+        dw = gemm(dy.T, x.T, None, config)
     db = pairwise_sum(dy.float()).to(weight.dtype, copy=True) if need["bias"] else None
     return dx, dw, db
 
