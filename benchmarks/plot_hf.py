@@ -6,6 +6,8 @@ files its bars come from.
 
 python benchmarks/plot_hf.py benchmarks/results/hf_throughput_h200.json \
     benchmarks/results/hf_decode_single_pass_h200.json docs/transformers_h200.png
+
+Files with training rows only: the second panel is each step's peak memory instead.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def rows(srcs: list[str]) -> dict:
                 continue  # an error row
             if r["mode"] == "train":
                 key = ("train", r["provider"], r["T"])
+                out[("memory", r["provider"], r["T"])] = (r["peak_gb"], Path(src).name)
             else:
                 cache = r.get("cache", "eager")
                 key = ("decode", f"{r['provider']}, {cache}", r["B"])
@@ -36,7 +39,7 @@ def rows(srcs: list[str]) -> dict:
     return out
 
 
-def panel(ax, data: dict, part: str, xlabel: str) -> None:
+def panel(ax, data: dict, part: str, xlabel: str, ylabel: str = "tokens/s") -> None:
     series = sorted({k[1] for k in data if k[0] == part})
     sizes = sorted({k[2] for k in data if k[0] == part})
     width = 0.8 / max(len(series), 1)
@@ -49,7 +52,7 @@ def panel(ax, data: dict, part: str, xlabel: str) -> None:
         ax.bar(xs, ys, width, label=name)
     ax.set_xticks(range(len(sizes)), [str(n) for n in sizes])
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("tokens/s")
+    ax.set_ylabel(ylabel)
     files = sorted({v[1] for k, v in data.items() if k[0] == part})
     ax.set_title(f"{part} ({', '.join(files)})", fontsize=8)
     ax.legend(fontsize=7)
@@ -60,9 +63,15 @@ def main(*paths: str) -> int:
     data = rows(srcs)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     panel(axes[0], data, "train", "tokens per sequence (loss and backward)")
-    panel(axes[1], data, "decode", "batch (generate, 32 new tokens after 128)")
-    axes[1].set_yscale("log")
-    fig.suptitle("Muse Glimmer, 4 layers at real width, bf16, H200: higher is better")
+    if any(k[0] == "decode" for k in data):
+        panel(axes[1], data, "decode", "batch (generate, 32 new tokens after 128)")
+        axes[1].set_yscale("log")
+        better = "higher is better"
+    else:
+        panel(axes[1], data, "memory", "tokens per sequence", "peak GB during a step")
+        better = "tokens/s: higher is better; memory: lower"
+    gpu = json.loads(Path(srcs[-1]).read_text()).get("env", {}).get("gpu", "GPU")
+    fig.suptitle(f"Muse Glimmer, 4 layers at real width, bf16, {gpu}: {better}")
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
     print("wrote", dst)
