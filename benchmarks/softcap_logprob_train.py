@@ -38,8 +38,9 @@ def make(T: int, seed: int = 0, w_std: float = 0.3):
     return h, w, t
 
 
-def ours(h, w, t):
-    return -dispatch.op("softcap_logprob")(h, w, t, multiplier=MULT, softcap=CAP).sum()
+def ours(h, w, t, backend=None):
+    f = dispatch.op("softcap_logprob", backend=backend)
+    return -f(h, w, t, multiplier=MULT, softcap=CAP).sum()
 
 
 def eager(h, w, t):
@@ -78,7 +79,13 @@ def main() -> int:
     env = env_stamp()
     tflops, gbps = matmul_tflops(), copy_gbps()
     print(env, f"matmul {tflops:.0f} TFLOP/s, copy {gbps:.0f} GB/s", flush=True)
-    providers = {"opcontract": ours, "torch.eager": eager}
+    providers = {"opcontract": ours}
+    h, w, t = make(8, seed=1)
+    ours(h, w, t)
+    served = dispatch.last_provenance().implementation
+    if served != "triton.fused":  # the Triton head beside the one dispatch serves
+        providers["opcontract.triton"] = functools.partial(ours, backend="triton")
+    providers["torch.eager"] = eager
     try:
         providers["liger.flce"] = liger(None)
         providers["liger.flce_fp32"] = liger(torch.float32)
@@ -110,6 +117,11 @@ def main() -> int:
         idx = torch.randperm(T_max, generator=gen)[:T].cuda()
         gh, _ = fwd_bwd(ours, h[idx], w, t[idx])
         invariance[f"grad_hidden_rows_T{T}"] = bool(torch.equal(gh, gh_full[idx]))
+    if "opcontract.triton" in providers:  # the served head against triton.fused, bitwise
+        gh_t, gw_t = fwd_bwd(providers["opcontract.triton"], h, w, t)
+        invariance["equals_triton_grad_hidden"] = bool(torch.equal(gh_full, gh_t))
+        invariance["equals_triton_grad_weight"] = bool(torch.equal(gw_full, gw_t))
+        del gh_t, gw_t
     print(invariance, flush=True)
     del gh_full, gw_full, gh_again, gw_again
 
@@ -160,6 +172,7 @@ def main() -> int:
             },
             "grad_accuracy_rel_err_vs_float64": accuracy,
             "invariance": invariance,
+            "opcontract_implementation": served,
             "rows": rows,
         },
     )

@@ -172,7 +172,7 @@ def test_backward_reads_transposed_operands_in_place(monkeypatch):
 
     seen = []
 
-    def launch(key, a, b, c, bias, num_ctas):
+    def launch(key, a, b, c, bias, addend, num_ctas):
         seen.append((key[6], key[7], a.is_contiguous(), b.is_contiguous()))
 
     monkeypatch.setattr(dg, "_launch", launch)

@@ -98,7 +98,7 @@ def test_missing_library_is_a_reason_not_an_error(monkeypatch):
 
 
 def test_no_conforming_implementation(monkeypatch):
-    for name in ("torch.strict", "triton.fused"):
+    for name in ("torch.strict", "triton.fused", "cute.fused"):
         impl = registry._REGISTRY[name]
         monkeypatch.setitem(
             registry._REGISTRY, name, dataclasses.replace(impl, invariances=("run_to_run",))
@@ -107,7 +107,7 @@ def test_no_conforming_implementation(monkeypatch):
     with pytest.raises(NoBackendError) as e:
         dispatch.op("softcap_logprob")(h, w, t)
     assert "does not guarantee 'batch' invariance" in str(e.value)
-    assert set(e.value.rejected) == {"torch.strict", "torch.eager", "triton.fused"}
+    assert set(e.value.rejected) == {"torch.strict", "torch.eager", "triton.fused", "cute.fused"}
 
 
 def test_triton_runs_through_dispatch():

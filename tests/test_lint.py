@@ -60,7 +60,7 @@ def test_inconsistent_implementation_is_reported(monkeypatch, capsys):
 
 
 def test_op_without_conforming_implementation(monkeypatch, capsys):
-    for name in ("torch.strict", "triton.fused"):
+    for name in ("torch.strict", "triton.fused", "cute.fused"):
         monkeypatch.setitem(
             registry._REGISTRY,
             name,

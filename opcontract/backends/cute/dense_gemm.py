@@ -3,8 +3,10 @@ the launch, and forward/backward in the signature of the other backends' dense_g
 
 Importing this module never imports CUTLASS; the first call does.
 
-The kernel (dense_gemm_kernels.py) computes c = a @ b.T with a [M, K], b [N, K], both K-major, with
-the contract's gemm_k numerics (256-element float32 partials, ascending). TMA needs 16-byte
+The kernel (dense_gemm_kernels.py) computes c = a @ b.T with a [M, K], b [N, K] (K-major, or
+MN-major transposed views), with the contract's gemm_k numerics (256-element float32 partials,
+ascending); ``gemm(..., addend=)`` adds a float32 [M, N] matrix after the sum or starts the sum
+from it (the LM head's backward), into a float32 or 16-bit output. TMA needs 16-byte
 aligned rows: operands whose K is not a multiple of 8 (or that are strided or misaligned) are
 copied into zero-padded buffers, and an output whose N is not a multiple of 8 is written into
 a padded buffer and copied out. Zero padding along K is what the kernel's K tail sees anyway
@@ -96,6 +98,27 @@ def _no_bias(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 
 @functools.cache
+def _no_addend(device: torch.device) -> torch.Tensor:
+    # the kernel compiled without an addend never reads it
+    return torch.zeros(1, _ALIGN, dtype=torch.float32, device=device)
+
+
+def _writable(t: torch.Tensor | None, M: int, N: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel's TMA store can write ``t`` [M, N] in place: row-major with unit
+    column stride, N and the row stride multiples of 8, a 16-byte aligned base."""
+    return (
+        t is not None
+        and t.shape == (M, N)
+        and t.dtype == dtype
+        and t.stride(1) == 1
+        and N % _ALIGN == 0
+        and t.stride(0) >= N
+        and t.stride(0) % _ALIGN == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+@functools.cache
 def _tvm_ffi() -> bool:
     """Whether compiled kernels take torch tensors through TVM FFI (``apache-tvm-ffi``):
     a C-level call that reads the stream from torch, instead of building DLPack views and
@@ -115,8 +138,11 @@ def _cute_tensor(t: torch.Tensor, leading_dim: int):
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def _fake_args(dtype: torch.dtype, a_mn: bool = False, b_mn: bool = False) -> tuple:
-    """Compile-time stand-ins for (a, b, c, bias, num_ctas, stream) under TVM FFI: row-major
+def _fake_args(
+    dtype: torch.dtype, a_mn: bool = False, b_mn: bool = False, out: torch.dtype | None = None
+) -> tuple:
+    """Compile-time stand-ins for (a, b, c, bias, addend, num_ctas, stream) under TVM FFI:
+    c in ``out`` (default the input dtype), the addend float32; row-major
     matrices with any row count, 8-divisible column count and row stride, 16-byte aligned
     (what the host guarantees); the stream is the caller's current torch stream."""
     import cutlass
@@ -125,7 +151,7 @@ def _fake_args(dtype: torch.dtype, a_mn: bool = False, b_mn: bool = False) -> tu
 
     dt = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
 
-    def matrix(mn: bool = False):
+    def matrix(mn: bool = False, dt=dt):
         if mn:  # a transposed view: unit stride along the rows
             return make_fake_tensor(
                 dt,
@@ -142,10 +168,17 @@ def _fake_args(dtype: torch.dtype, a_mn: bool = False, b_mn: bool = False) -> tu
 
     bias = make_fake_tensor(dt, (cute.sym_int64(),), (1,), assumed_align=2)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    return matrix(a_mn), matrix(b_mn), matrix(), bias, cutlass.Int32(1), stream
+    c = matrix() if out in (None, dtype) else matrix(dt=cutlass.Float32)
+    addend = make_fake_tensor(
+        cutlass.Float32,
+        (cute.sym_int64(), cute.sym_int64()),
+        (cute.sym_int64(), 1),
+        assumed_align=4,
+    )
+    return matrix(a_mn), matrix(b_mn), c, bias, addend, cutlass.Int32(1), stream
 
 
-def _dlpack_args(a, b, c, bias, num_ctas):
+def _dlpack_args(a, b, c, bias, addend, num_ctas):
     import cuda.bindings.driver as cuda
     import cutlass
 
@@ -155,31 +188,34 @@ def _dlpack_args(a, b, c, bias, num_ctas):
         _cute_tensor(b, 0 if b.stride(0) == 1 and b.stride(1) != 1 else 1),
         _cute_tensor(c, 1),
         _cute_tensor(bias, 0),
+        _cute_tensor(addend, 1),
         cutlass.Int32(num_ctas),
         stream,
     )
 
 
-def _launch(key: tuple, a, b, c, bias, num_ctas: int) -> None:
-    """Compile once per key (dtype, tiles, group, bias, overlap, a and b MN-major), then
-    launch on the current stream."""
+def _launch(key: tuple, a, b, c, bias, addend, num_ctas: int) -> None:
+    """Compile once per key (dtype, tiles, group, bias, overlap, a and b MN-major, output
+    dtype, addend mode), then launch on the current stream."""
     ffi = _tvm_ffi()
-    args = None if ffi else _dlpack_args(a, b, c, bias, num_ctas)
+    args = None if ffi else _dlpack_args(a, b, c, bias, addend, num_ctas)
     fn = _compiled.get(key)
     if fn is None:
         import cutlass.cute as cute
 
         from opcontract.backends.cute.dense_gemm_kernels import PromotedGemmSm90
 
-        dtype, tile_m, tile_n, group_m, has_bias, overlap, a_mn, b_mn = key
-        kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap)
+        dtype, tile_m, tile_n, group_m, has_bias, overlap, a_mn, b_mn, out, mode = key
+        kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap, mode)
         if ffi:
-            fn = cute.compile(kernel, *_fake_args(dtype, a_mn, b_mn), options="--enable-tvm-ffi")
+            fn = cute.compile(
+                kernel, *_fake_args(dtype, a_mn, b_mn, out), options="--enable-tvm-ffi"
+            )
         else:
             fn = cute.compile(kernel, *args)
         _compiled[key] = fn
     if ffi:  # DLPack refuses tensors that require grad; the kernel only reads them
-        fn(_plain(a), _plain(b), c, _plain(bias), num_ctas)
+        fn(_plain(a), _plain(b), c, _plain(bias), _plain(addend), num_ctas)
     else:
         fn(*args)
 
@@ -193,10 +229,18 @@ def gemm(
     b: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: dict | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    addend: torch.Tensor | None = None,
+    seed: bool = False,
 ) -> torch.Tensor:
     """c [M, N] = a [M, K] @ b [N, K].T (+ bias [N], in float32), in a's dtype (bf16/fp16).
 
     gemm_k numerics: 256-element K partials in float32, ascending, one cast at the end.
+    ``addend`` (float32 [M, N], no bias): c = addend + the sum, or with ``seed`` the sum
+    starts from addend instead of +0, ((addend + p_0) + p_1) + ..., so that calls over K
+    ranges cut on 256-element chunks chain into one call's bits. ``out`` (a's dtype, or
+    float32 with an addend) receives c; it may be the addend itself.
     """
     cfg = {**CONFIG, **(config or {})}
     M, K = a.shape
@@ -205,29 +249,50 @@ def gemm(
         raise TypeError(f"cute dense_gemm serves bfloat16/float16, got {a.dtype}, {b.dtype}")
     if bias is not None and bias.dtype != a.dtype:
         raise TypeError(f"bias dtype {bias.dtype} differs from {a.dtype}")
+    if addend is not None:
+        if bias is not None:
+            raise ValueError("addend and bias are exclusive")
+        if addend.dtype != torch.float32 or addend.shape != (M, N) or addend.stride(1) != 1:
+            raise ValueError(f"addend must be float32 [{M}, {N}] with unit column stride")
+    elif seed:
+        raise ValueError("seed needs an addend")
+    out_dtype = a.dtype if out is None else out.dtype
+    if out_dtype not in (a.dtype, torch.float32) or (out_dtype != a.dtype and addend is None):
+        raise TypeError(f"out dtype {out_dtype}: {a.dtype}, or float32 with an addend")
     if M == 0 or N == 0:
-        return a.new_empty(M, N)
-    if K == 0:  # an empty sum: +0, then the bias in float32, one cast
+        return a.new_empty(M, N, dtype=out_dtype) if out is None else out
+    if K == 0:  # an empty sum: +0 (+ bias) in float32, or the addend (+ 0), one cast
         acc = torch.zeros(M, N, dtype=torch.float32, device=a.device)
-        return (acc if bias is None else acc + bias.float()).to(a.dtype)
+        if bias is not None:
+            acc = acc + bias.float()
+        elif addend is not None:
+            acc = addend.clone() if seed else addend + acc
+        return acc.to(out_dtype) if out is None else out.copy_(acc)
     Kp = _round_up(K, _ALIGN)
     Np = _round_up(N, _ALIGN)
     a_mn, b_mn = _mn_major(a), _mn_major(b)  # transposed views are read as they are
     a = a if a_mn else _tma_ready(a, Kp)
     b = b if b_mn else _tma_ready(b, Kp)
-    c = torch.empty(M, Np, dtype=a.dtype, device=a.device)
+    in_place = _writable(out, M, N, out_dtype)
+    c = out if in_place else torch.empty(M, Np, dtype=out_dtype, device=a.device)
     bias_t = bias.contiguous() if bias is not None else _no_bias(a.device, a.dtype)
+    addend_t = addend if addend is not None else _no_addend(a.device)
+    mode = "none" if addend is None else ("seed" if seed else "add")
     tile_m, tile_n = int(cfg["tile_m"]), int(cfg["tile_n"])
     tiles = -(-M // tile_m) * -(-N // tile_n)
     num_ctas = min(tiles, _sm_count(a.device.index or 0))
     overlap = bool(int(cfg.get("overlap", 0))) and Kp % OVERLAP_K == 0
-    key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap, a_mn, b_mn)
+    key = (a.dtype, tile_m, tile_n, int(cfg["group_m"]), bias is not None, overlap, a_mn, b_mn,
+           out_dtype, mode)  # fmt: skip
     if a.device.type != "cuda" or a.device.index == torch.cuda.current_device():
-        _launch(key, a, b, c, bias_t, num_ctas)
+        _launch(key, a, b, c, bias_t, addend_t, num_ctas)
     else:  # the kernel launches on the current device: make it a's
         with torch.cuda.device(a.device):
-            _launch(key, a, b, c, bias_t, num_ctas)
-    return c if Np == N else c[:, :N].contiguous()
+            _launch(key, a, b, c, bias_t, addend_t, num_ctas)
+    if in_place:
+        return out
+    c = c if Np == N else c[:, :N]
+    return c.contiguous() if out is None else out.copy_(c)
 
 
 def forward(

@@ -7,6 +7,11 @@ of 64) accumulate, in ascending k, into a float32 partial that starts from zeros
 registers (accumulate flag set, like Triton's unfoldable zeros); the partial is then added to
 the running float32 total with one IEEE add (the total starts at +0). After the last chunk the
 bias is added in float32, and the sum is cast once to the output dtype (round to nearest even).
+Two epilogues read a float32 [M, N] ``addend`` (the LM head's backward sums): "add" adds it
+after the last chunk, c = addend + total (the Triton kernel's ACCUMULATE); "seed" starts the
+running total from it instead of +0, ((addend + p_0) + p_1) + ... (Triton's SEEDED), so that
+calls over consecutive K ranges cut on 256-element chunks give one call's bits. The output
+may be float32 (no rounding) or the 16-bit input dtype.
 (ptxas folds the literal zeros of each tile's first chunk into that chunk's first instruction,
 SASS `HGMMA ... RZ, !UPT`, i.e. D = A.B without C; later chunks read the zeroed registers.
 A.B and A.B + (+0) can differ only in the sign of an exactly-zero partial, which the +0 total
@@ -38,6 +43,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 CHUNK_K = 256   # the contract's gemm_k block
 TILE_K = 64     # one pipeline stage along K: 4 WGMMA k16 instructions
 PROMOTE = CHUNK_K // TILE_K
+ADDEND_MODES = ("none", "add", "seed")
 
 
 class PromotedGemmSm90:
@@ -48,14 +54,19 @@ class PromotedGemmSm90:
     """
 
     def __init__(self, tile_m: int, tile_n: int, has_bias: bool, group_m: int = 8,
-                 overlap: bool = False):
+                 overlap: bool = False, addend: str = "none"):
         if tile_m not in (64, 128):
             raise ValueError(f"tile_m must be 64 or 128, got {tile_m}")
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n must be 64 or 128, got {tile_n}")
+        if addend not in ADDEND_MODES:
+            raise ValueError(f"addend must be one of {ADDEND_MODES}, got {addend!r}")
+        if addend != "none" and has_bias:
+            raise ValueError("an addend epilogue takes no bias")
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.has_bias = has_bias
+        self.addend = addend
         self.group_m = group_m
         self.overlap = overlap
         self.acc_dtype = cutlass.Float32
@@ -95,9 +106,10 @@ class PromotedGemmSm90:
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
-                 num_ctas: cutlass.Int32, stream: cuda.CUstream):
-        """Launch on ``stream``: c[M, N] = a[M, K] @ b[N, K].T (+ bias[:N]), ``num_ctas``
-        persistent CTAs (at most the tile count)."""
+                 addend: cute.Tensor, num_ctas: cutlass.Int32, stream: cuda.CUstream):
+        """Launch on ``stream``: c[M, N] = a[M, K] @ b[N, K].T (+ bias[:N]; or with the
+        float32 addend[M, N] added or as the seed), ``num_ctas`` persistent CTAs (at most the
+        tile count)."""
         self.ab_dtype = a.element_type
         self.c_dtype = c.element_type
         self.a_layout = utils.LayoutEnum.from_tensor(a)
@@ -129,7 +141,7 @@ class PromotedGemmSm90:
 
         self.storage = Storage
         self.kernel(
-            tma_a, tma_ta, tma_b, tma_tb, tma_c, tma_tc, bias, self.tiled_mma,
+            tma_a, tma_ta, tma_b, tma_tb, tma_c, tma_tc, bias, addend, self.tiled_mma,
             self.a_smem_staged, self.b_smem_staged, self.epi_smem_staged,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads_per_cta, 1, 1],
                  min_blocks_per_mp=1, stream=stream)
@@ -193,10 +205,27 @@ class PromotedGemmSm90:
             total.store(total.load() + part2.load())
             part2.fill(0.0)
 
+    @cute.jit
+    def _read_addend(self, addend: cute.Tensor, thr_mma_t, cC: cute.Tensor, tm: cutlass.Int32,
+                     tn: cutlass.Int32, total: cute.Tensor, add: cutlass.Constexpr[bool]):
+        # total = addend (the seed) or addend + total (IEEE float32, commutative: Triton's
+        # c + acc), per accumulator value; rows >= M and columns >= N read a clamped element
+        # and are never stored
+        tCcC = thr_mma_t.partition_C(cC[(None, None, tm, tn)])
+        m_last = cute.size(addend, mode=[0]) - 1
+        n_last = cute.size(addend, mode=[1]) - 1
+        for i in cutlass.range_constexpr(cute.size(total)):
+            m = cutlass.min(tCcC[i][0], m_last)
+            n = cutlass.min(tCcC[i][1], n_last)
+            if cutlass.const_expr(add):
+                total[i] = addend[m, n] + total[i]
+            else:
+                total[i] = addend[m, n]
+
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
                mB: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, bias: cute.Tensor,
-               tiled_mma: cute.TiledMma,
+               addend: cute.Tensor, tiled_mma: cute.TiledMma,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
@@ -288,15 +317,17 @@ class PromotedGemmSm90:
             # the partial starts from zeros in registers: every MMA accumulates
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
 
-            # (m, n) coordinates of this thread's accumulator values, for the bias
+            # (m, n) coordinates of this thread's accumulator values, for bias and addend
             cC = cute.local_tile(cute.make_identity_tensor(mC.shape), (self.tile_m, self.tile_n),
                                  (None, None))
 
             # epilogue: registers -> shared (stmatrix) -> global (TMA store)
             r2s_atom = sm90_utils.sm90_get_smem_store_op(
                 self.c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype)
+            # stmatrix's 16-bit atom gives the source layout; a float32 output is stored to
+            # shared memory by plain stores (r2s_atom) in that layout
             stm_atom = cute.make_copy_atom(
-                cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.c_dtype)
+                cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.ab_dtype)
             r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(stm_atom, tiled_mma))
             thr_r2s = r2s.get_slice(ctid)
             tRS_sC = thr_r2s.partition_D(sC)
@@ -318,7 +349,10 @@ class PromotedGemmSm90:
             tile = bidx
             while tile < num_tiles:
                 tm, tn = self._tile_coords(tile, tiles_m, tiles_n)
-                total.fill(0.0)
+                if cutlass.const_expr(self.addend == "seed"):
+                    self._read_addend(addend, thr_mma_t, cC, tm, tn, total, False)
+                else:
+                    total.fill(0.0)
                 part.fill(0.0)
                 if cutlass.const_expr(self.overlap):
                     # k_tiles % 8 == 0 (the host's choice). Chunks alternate between part
@@ -365,6 +399,8 @@ class PromotedGemmSm90:
                     for i in cutlass.range_constexpr(cute.size(total)):
                         n = cutlass.min(tCcC[i][1], n_last)  # columns >= N are never stored
                         total[i] = total[i] + bias[n].to(self.acc_dtype)
+                if cutlass.const_expr(self.addend == "add"):
+                    self._read_addend(addend, thr_mma_t, cC, tm, tn, total, True)
 
                 gC_t = cute.zipped_divide(gC[(None, None, tm, tn)], self.epi_tile)
                 bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(

@@ -3,10 +3,16 @@ CUTLASS: kernels and the library load on the first call."""
 
 from __future__ import annotations
 
+import functools
+
+from opcontract.backends import triton as triton_backend
 from opcontract.backends.cute import dense_gemm as dg
 from opcontract.backends.cute import missing_library
 from opcontract.backends.dense_gemm import strict_declaration
 from opcontract.backends.registry import register
+from opcontract.backends.triton import linear_cross_entropy as tlce
+from opcontract.backends.triton import softcap_logprob as tslp
+from opcontract.backends.triton.register import CE_PLAN, HEAD, LOGPROB_PLAN
 
 # What every CuTe implementation shares: SM90 kernels (TMA, WGMMA, setmaxnreg), 16-bit floats.
 _CUTE = dict(
@@ -38,4 +44,40 @@ register(
         "in registers, no split-K, bias in float32; backward by the same kernel"
     ),
     **_CUTE,
+)
+
+
+def _head_libraries() -> str | None:
+    """The heads run Triton kernels and CuTe GEMMs: why either is missing, or None."""
+    return missing_library() or triton_backend.missing_library()
+
+
+# The LM head with its backward's GEMMs (grad_weight = g.T @ hidden; grad_hidden summed over
+# vocabulary chunks in a float32 buffer, or grad_weight over token chunks) on the CuTe
+# mainloop, through its float32 addend epilogues; the forward and the logits' gradient g are
+# triton.fused's kernels. The GEMMs' numerics are Triton's (256-element promoted partials, the
+# float32 sums added in the same order), so every output and gradient is triton.fused's, bit
+# for bit (tests/test_cute_head.py, on the GPU). Below triton.fused (20) until that GPU test
+# has passed: dispatch serves it only when asked for (backend="cute").
+_CUTE_HEAD = dict(
+    HEAD,
+    **{**_CUTE, "available": _head_libraries, "priority": {"cuda": 15}},
+)
+register(
+    op="softcap_logprob",
+    name="cute.fused",
+    forward=tslp.forward,
+    backward=functools.partial(tslp.logprob_backward, grad_gemm="cute"),
+    plan=LOGPROB_PLAN,
+    summary="triton.fused's forward; the backward's GEMMs on the CuTe mainloop (same bits)",
+    **_CUTE_HEAD,
+)
+register(
+    op="linear_cross_entropy",
+    name="cute.fused_ce",
+    forward=tlce.forward,
+    backward=functools.partial(tlce.backward, grad_gemm="cute"),
+    plan=CE_PLAN,
+    summary="triton.fused_ce's forward; the backward's GEMMs on the CuTe mainloop (same bits)",
+    **_CUTE_HEAD,
 )

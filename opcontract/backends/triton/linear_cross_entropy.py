@@ -20,9 +20,10 @@ def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_inde
 
 
 def backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index, reduction,
-             label_smoothing, return_token_accuracy, temperature=1.0):
+             label_smoothing, return_token_accuracy, temperature=1.0, grad_gemm="triton"):
     g_lp, g_sm = lce.head_grads(grads["loss"], saved["targets"], ignore_index=ignore_index,
                                 reduction=reduction, label_smoothing=label_smoothing)
     return slp.head_backward(config, saved, g_lp, None, g_sm, needs, multiplier=multiplier,
-                             softcap=softcap, ignore_index=ignore_index, temperature=temperature)
+                             softcap=softcap, ignore_index=ignore_index, temperature=temperature,
+                             grad_gemm=grad_gemm)
 # fmt: on

@@ -46,7 +46,7 @@ _HEAD_PLAN = {
     "grad_hidden_v": _plan(block=slp.GRAD_CHUNK),
     "grad_weight_t": _plan(block=slp.GEMM_K_BLOCK),
 }
-_HEAD = dict(
+HEAD = dict(
     _TRITON,
     layout={"*": "rows", "targets": "contiguous"},
     grad_invariances={"hidden": ("run_to_run", "batch"), "weight": ("run_to_run",)},
@@ -59,18 +59,26 @@ _HEAD = dict(
     backward_only=slp.BACKWARD_ONLY,
 )
 
+# The head's declarations, which the CuTe backend's heads share (cute/register.py).
+LOGPROB_PLAN = {
+    **_HEAD_PLAN,
+    "vocab_entropy": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
+    "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
+}
+CE_PLAN = {
+    **_HEAD_PLAN,
+    "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
+    "token_sum": _plan(block=1, order="pairwise"),
+}
+
 register(
     op="softcap_logprob",
     name="triton.fused",
     forward=slp.forward,
     backward=slp.logprob_backward,
-    plan={
-        **_HEAD_PLAN,
-        "vocab_entropy": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
-        "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
-    },
+    plan=LOGPROB_PLAN,
     summary="one fused GEMM + soft cap + per-block logsumexp kernel, then an ordered merge",
-    **_HEAD,
+    **HEAD,
 )
 
 register(
@@ -78,13 +86,9 @@ register(
     name="triton.fused_ce",
     forward=lce.forward,
     backward=lce.backward,
-    plan={
-        **_HEAD_PLAN,
-        "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
-        "token_sum": _plan(block=1, order="pairwise"),
-    },
+    plan=CE_PLAN,
     summary="the fused Triton head, reduced over tokens by a fixed pairwise tree",
-    **_HEAD,
+    **HEAD,
 )
 
 register(
@@ -97,7 +101,7 @@ register(
     },
     summary="the sampler head: softcap_logprob's partials kernel also storing z [T, V]",
     **{
-        **_HEAD,
+        **HEAD,
         "grad_invariances": {},
         "config_space": slg.CONFIG_SPACE,
         "default_config": lambda call: slg.default_config(call.dtype, call.sizes.get("T")),

@@ -311,6 +311,26 @@ def _gemm(a, b, c, M, N, K, sa, sb, sc, accumulate, seeded=False, out=None):
     )
 
 
+def _mm_triton(a, b, c, *, accumulate=False, seeded=False, out=None):
+    """c (+)= a [M, K] @ b [K, N] for strided views, by ``_gemm``."""
+    M, K = a.shape
+    _gemm(a, b, c, M, b.shape[1], K, a.stride(), b.stride(), c.stride(), accumulate, seeded, out)
+
+
+def _mm_cute(a, b, c, *, accumulate=False, seeded=False, out=None):
+    """``_mm_triton`` on the CuTe DSL GEMM (SM90, 16-bit inputs): the same 256-element
+    promoted partials, so the same bits; the float32 sums by its addend epilogues."""
+    from opcontract.backends.cute.dense_gemm import gemm
+
+    if not accumulate:
+        gemm(a, b.T, out=c)
+    else:
+        gemm(a, b.T, out=c if out is None else out, addend=c, seed=seeded)
+
+
+GRAD_GEMMS = {"triton": _mm_triton, "cute": _mm_cute}
+
+
 def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, int]:
     """Bytes each backward plan allocates beyond its inputs and the gradients it returns:
     vocab_chunks g [T, GRAD_CHUNK] (input dtype) and grad_hidden's float32 [T, H];
@@ -350,8 +370,9 @@ def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg
 
 def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, grad_smooth, *,
              multiplier, softcap, ignore_index, need_hidden=True, need_weight=True,
-             plan="vocab_chunks", token_chunk=1024, temperature=1.0):
-    """(grad_hidden, grad_weight) by one of the equal-bits plans (see PLANS).
+             plan="vocab_chunks", token_chunk=1024, temperature=1.0, grad_gemm="triton"):
+    """(grad_hidden, grad_weight) by one of the equal-bits plans (see PLANS), their GEMMs on
+    ``grad_gemm`` (GRAD_GEMMS: equal bits).
 
     vocab_chunks: per vocabulary chunk, ascending, g recomputed and rounded to the input
     dtype; grad_weight[chunk] = g.T @ hidden written once; grad_hidden summed chunk by chunk
@@ -361,6 +382,7 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
     [V, H] buffer in ascending order, rounded once at the end."""
     if plan not in PLANS:
         raise ValueError(f"unknown backward plan {plan!r}; one of {PLANS}")
+    mm = GRAD_GEMMS[grad_gemm]
     if token_chunk % GEMM_K_BLOCK:
         raise ValueError(f"token_chunk {token_chunk} is not a multiple of {GEMM_K_BLOCK}")
     T, H = hidden.shape
@@ -379,7 +401,7 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
                 temperature=temperature)
     if plan == "token_chunks":
         return _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg,
-                                      head, need_hidden, need_weight, token_chunk)
+                                      head, need_hidden, need_weight, token_chunk, mm)
     grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev) if need_hidden else None
     grad_w = torch.zeros_like(weight) if need_weight else None
     g = torch.empty(T, GRAD_CHUNK, dtype=hidden.dtype, device=dev)
@@ -387,16 +409,14 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
         n = min(GRAD_CHUNK, V - c0)
         _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg, **head)
         if need_weight:  # grad_weight_t: [n, H] = g[:, :n].T @ hidden, K = T
-            _gemm(g, hidden, grad_w[c0:c0 + n], n, H, T, (1, g.stride(0)),
-                  (hidden.stride(0), 1), (grad_w.stride(0), 1), accumulate=False)
+            mm(g[:, :n].T, hidden, grad_w[c0:c0 + n])
         if need_hidden:  # [T, H] += g[:, :n] @ weight[chunk], K = n
-            _gemm(g, weight[c0:c0 + n], grad_h, T, H, n, (g.stride(0), 1),
-                  (weight.stride(0), 1), (grad_h.stride(0), 1), accumulate=True)
+            mm(g[:, :n], weight[c0:c0 + n], grad_h, accumulate=True)
     return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
 
 
 def _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg, head,
-                           need_hidden, need_weight, token_chunk):
+                           need_hidden, need_weight, token_chunk, mm):
     """The token_chunks plan: the vocab_chunks plan's additions, regrouped by token chunk."""
     T, H = hidden.shape
     V = weight.shape[0]
@@ -417,15 +437,12 @@ def _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg
             chunk_h.zero_()
             for c0 in range(0, V, GRAD_CHUNK):
                 n = min(GRAD_CHUNK, V - c0)
-                _gemm(g[:, c0:], weight[c0:c0 + n], chunk_h, m, H, n, (g.stride(0), 1),
-                      (weight.stride(0), 1), (chunk_h.stride(0), 1), accumulate=True)
+                mm(g[:m, c0:c0 + n], weight[c0:c0 + n], chunk_h[:m], accumulate=True)
             grad_h[t0:t0 + m] = chunk_h[:m].to(hidden.dtype)
         if need_weight:  # grad_weight_t: the buffer's running sum continues, K = m; the
             # last chunk writes it rounded once, by the kernel's cast as in vocab_chunks
             last = t0 + token_chunk >= T
-            _gemm(g, h, acc_w, V, H, m, (1, g.stride(0)), (h.stride(0), 1),
-                  (acc_w.stride(0), 1), accumulate=True, seeded=True,
-                  out=grad_w if last else acc_w)
+            mm(g[:m].T, h, acc_w, accumulate=True, seeded=True, out=grad_w if last else acc_w)
     return grad_h, grad_w
 
 
@@ -440,9 +457,9 @@ def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_inde
 
 
 def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier,
-                  softcap, ignore_index, temperature=1.0):
+                  softcap, ignore_index, temperature=1.0, grad_gemm="triton"):
     """{hidden, weight} of the head, for softcap_logprob's and linear_cross_entropy's grads,
-    by the config's backward plan."""
+    by the config's backward plan, its GEMMs on ``grad_gemm``."""
     lse = saved["lse"]
     gh, gw = backward(
         saved["hidden"], saved["weight"], saved["targets"], lse,
@@ -451,17 +468,18 @@ def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multi
         multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
         need_hidden=needs["hidden"], need_weight=needs["weight"],
         plan=config.get("backward_plan", _BASE["backward_plan"]),
-        token_chunk=config.get("token_chunk", _BASE["token_chunk"]), temperature=temperature)
+        token_chunk=config.get("token_chunk", _BASE["token_chunk"]), temperature=temperature,
+        grad_gemm=grad_gemm)
     return {"hidden": gh, "weight": gw}
 
 
 def logprob_backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index,
                      return_entropy, return_predicted, temperature=1.0,
-                     return_mean_logits=False):
+                     return_mean_logits=False, grad_gemm="triton"):
     g_ent = grads["entropy"] if return_entropy else None
     return head_backward(config, saved, grads["logprob"], g_ent, None, needs,
                          multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
-                         temperature=temperature)
+                         temperature=temperature, grad_gemm=grad_gemm)
 
 
 def explore_forward(hidden, weight, targets, *, _pinned, multiplier=1.0, softcap=None,

@@ -1,0 +1,186 @@
+"""The CuTe heads (cute.fused, cute.fused_ce): the LM head's backward GEMMs on the CuTe mainloop
+through its float32 addend epilogues. On the CPU, their declaration and the host plumbing (an
+emulated kernel launch); on an SM90 GPU with nvidia-cutlass-dsl (marked gpu), the epilogues'
+bits against the Triton GEMM and every output and gradient against triton.fused, bitwise."""
+
+import contextlib
+import importlib.util
+
+import pytest
+import torch
+from helpers import head_inputs
+
+from opcontract import dispatch
+from opcontract.backends import registry
+from opcontract.backends.cute import dense_gemm as dg
+from opcontract.backends.triton import softcap_logprob as slp
+from opcontract.contracts import get_contract
+from opcontract.dispatch.device import simulate
+
+HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
+HEADS = {"softcap_logprob": "cute.fused", "linear_cross_entropy": "cute.fused_ce"}
+TRITON = {"softcap_logprob": "triton.fused", "linear_cross_entropy": "triton.fused_ce"}
+
+
+@pytest.mark.parametrize("op,name", sorted(HEADS.items()))
+def test_cute_heads_declare_the_triton_heads_plans(op, name):
+    impl = registry.implementation(name)
+    triton = registry.implementation(TRITON[op])
+    assert impl.op == op and impl.backend == "cute" and impl.devices == ("cuda",)
+    assert impl.capability == ((9, 0), (9, 0)) and impl.dtypes == ("bfloat16", "float16")
+    assert impl.plan == triton.plan and impl.config_space == triton.config_space
+    assert registry.declaration_problems(impl, get_contract(op)) == []
+    # served by default only once its GPU test has shown triton.fused's bits
+    assert impl.priority["cuda"] < triton.priority["cuda"]
+
+
+def test_cute_head_rejected_with_a_reason_off_sm90():
+    h, w, t = head_inputs(T=6, H=16, V=40, dtype=torch.bfloat16)
+    r = dispatch.explain("softcap_logprob", h, w, t)
+    assert "cute.fused" in r.rejected and r.implementation != "cute.fused"
+    with simulate((9, 0), name="H200"):
+        r = dispatch.explain("softcap_logprob", h, w, t)
+    if HAVE_CUTLASS:
+        assert "cute.fused" in r.accepted
+    else:
+        assert "CUTLASS DSL is not installed" in r.rejected["cute.fused"]
+        assert 'pip install "opcontract[cute]"' in r.rejected["cute.fused"]
+    with simulate((8, 0), name="A100"):
+        r = dispatch.explain("softcap_logprob", h, w, t)
+    assert r.implementation != "cute.fused"
+
+
+def _emulated_launch(calls):
+    """A stand-in for the kernel: c = a @ b.T in float64 (+ addend), cast once; records
+    (output dtype, addend mode, c is the addend)."""
+
+    def launch(key, a, b, c, bias, addend, num_ctas):
+        out_dtype, mode = key[8], key[9]
+        s = a.double() @ b.double().T
+        if mode != "none":
+            s = s + addend.double()
+        c[:, : s.shape[1]] = s.to(c.dtype)
+        calls.append((out_dtype, mode, c.data_ptr() == addend.data_ptr()))
+
+    return launch
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dg, "_launch", _emulated_launch(calls))
+    monkeypatch.setattr(dg, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    return calls
+
+
+def test_gemm_addend_arguments_are_checked(emulated):
+    a, b = torch.randn(16, 32).bfloat16(), torch.randn(8, 32).bfloat16()
+    acc = torch.randn(16, 8)
+    with pytest.raises(ValueError, match="addend and bias are exclusive"):
+        dg.gemm(a, b, torch.zeros(8).bfloat16(), addend=acc)
+    with pytest.raises(ValueError, match=r"addend must be float32 \[16, 8\]"):
+        dg.gemm(a, b, addend=acc.double())
+    with pytest.raises(ValueError, match="seed needs an addend"):
+        dg.gemm(a, b, seed=True)
+    with pytest.raises(TypeError, match="float32 with an addend"):
+        dg.gemm(a, b, out=torch.empty(16, 8))
+    out = dg.gemm(a, b, out=acc, addend=acc)  # in place: c is the addend
+    assert out is acc and emulated == [(torch.float32, "add", True)]
+
+
+@pytest.mark.parametrize("plan,modes", [("vocab_chunks", {"none", "add"}),
+                                        ("token_chunks", {"add", "seed"})])  # fmt: skip
+def test_head_backward_on_the_cute_gemms(emulated, plan, modes):
+    """The plans' GEMMs reach the kernel as the addend epilogues they need (grad_hidden's
+    float32 sum in place, grad_weight's seeded chain ending in the input dtype) and give the
+    head's gradients (here with float64 products: close, not the kernel's bits)."""
+    T, H, V = 300, 8, 4200  # two vocabulary chunks; two token chunks of 256
+    h, w, t = head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16)
+    kw = dict(multiplier=0.3, softcap=20.0, ignore_index=-100)
+    r = slp.forward_all(h, w, t, entropy=False, argmax=False, zsum=False, **kw)
+    gl = torch.randn(T, generator=torch.Generator().manual_seed(3))
+    args = (h, w, t, r.lse, None, gl, None, None)
+    ref = slp.backward(*args, **kw, plan=plan, token_chunk=256)
+    got = slp.backward(*args, **kw, plan=plan, token_chunk=256, grad_gemm="cute")
+    assert {m for _, m, _ in emulated} == modes
+    if plan == "vocab_chunks":  # grad_hidden summed in place in its float32 buffer
+        assert (torch.float32, "add", True) in emulated
+        assert (torch.bfloat16, "none", False) in emulated
+    else:  # the buffer's running sum continues, and the last chunk writes the input dtype
+        assert (torch.float32, "seed", True) in emulated
+        assert emulated[-1] == (torch.bfloat16, "seed", False)
+    for a, b in zip(got, ref, strict=True):
+        assert a.dtype == b.dtype == torch.bfloat16 and a.shape == b.shape
+        rel = ((a.double() - b.double()).norm() / b.double().norm()).item()
+        assert 0 < b.double().norm() and rel < 1e-2, rel
+
+
+# ---------------------------------------------------------------- GPU (SM90 + CUTLASS DSL)
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_cute = pytest.mark.skipif(
+    not (HAVE_CUTLASS and _sm90()), reason="needs nvidia-cutlass-dsl and an SM90 GPU"
+)
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("M,N,K", [(300, 6656, 4096), (4096, 640, 1344), (77, 200, 520)])
+def test_cute_addend_epilogues_give_the_triton_gemms_bits(M, N, K):
+    """c += a @ b into float32 (add), and a K range in two calls seeded by the first's float32
+    sum, ending in bf16 (seed): the Triton kernel's ACCUMULATE and SEEDED bits, in place."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    a = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    b = (torch.randn(K, N, device="cuda", generator=g) * K**-0.5).bfloat16()
+    c0 = torch.randn(M, N, device="cuda", generator=g)
+    outs = {}
+    for name, mm in slp.GRAD_GEMMS.items():
+        acc = c0.clone()
+        mm(a, b, acc, accumulate=True)
+        plain = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        mm(a, b, plain)
+        cut = (K // 2) // 256 * 256  # the edge on a promoted partial
+        run = c0.clone()
+        last = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        mm(a[:, :cut], b[:cut], run, accumulate=True, seeded=True)
+        mm(a[:, cut:], b[cut:], run, accumulate=True, seeded=True, out=last)
+        one = torch.empty_like(last)
+        mm(a, b, c0.clone(), accumulate=True, seeded=True, out=one)
+        assert torch.equal(last, one), name  # the chain is one call
+        outs[name] = (acc, plain, last)
+    for x, y in zip(outs["cute"], outs["triton"], strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("plan", ["vocab_chunks", "token_chunks"])
+@pytest.mark.parametrize("T,H,V", [(300, 512, 9000), (1100, 256, 4200)])
+def test_cute_heads_give_triton_fused_bits(plan, T, H, V):
+    """Every output and both gradients of softcap_logprob (with entropy) and
+    linear_cross_entropy (label smoothing), cute against triton, bitwise."""
+    h, w, t = (x.cuda() for x in head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16, ignore=(1,)))
+    calls = {
+        "softcap_logprob": dict(multiplier=0.3, softcap=20.0, return_entropy=True),
+        "linear_cross_entropy": dict(softcap=30.0, reduction="sum", label_smoothing=0.1),
+    }
+    for op, params in calls.items():
+        runs = {}
+        for backend in ("cute", "triton"):
+            hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+            f = dispatch.op(op, backend=backend, plan=plan, config={"token_chunk": 512})
+            out = f(hh, ww, t, **params)
+            ran = dispatch.last_provenance().implementation
+            assert ran == (HEADS if backend == "cute" else TRITON)[op]
+            outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
+            diff = [o for o in outs if o.dtype == torch.float32]
+            gen = torch.Generator(device="cuda").manual_seed(5)
+            ups = [torch.randn(o.shape, device="cuda", generator=gen) for o in diff]
+            runs[backend] = outs + list(torch.autograd.grad(diff, [hh, ww], ups))
+        for x, y in zip(runs["cute"], runs["triton"], strict=True):
+            assert torch.equal(x, y), (op, f"max diff {(x.double() - y.double()).abs().max()}")
