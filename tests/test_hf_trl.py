@@ -15,6 +15,7 @@ under the same autocast.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -36,6 +37,7 @@ from trl import (  # noqa: E402
     SFTConfig,
     SFTTrainer,
 )
+from trl.kernels.chunked_logprob import OPTIONAL_OUTPUTS  # noqa: E402
 
 from opcontract.integrations import trl as oc_trl  # noqa: E402
 from opcontract.integrations.tiny import (  # noqa: E402
@@ -94,10 +96,11 @@ def record_fused_calls(model, bf16: bool, temperature: float = 1.0) -> list[dict
             hidden = hidden.last_hidden_state[:, :-1]
             keep = tgt != -100
             ref = logprob_head(module, hidden[keep], tgt[keep], entropy=True, predicted=True,
-                               backend="torch", temperature=temperature,
-                               mean_logits=True)  # fmt: skip
+                               backend="torch", temperature=temperature, mean_logits=True,
+                               log_sum_sq_probs=True)  # fmt: skip
         seen.append(dict(out=out, keep=keep, tgt=tgt, ref_lp=ref_lp.masked_fill(~keep, 0.0),
-                         ref=ref, ids=ids, mask=mask))  # fmt: skip
+                         ref=ref, ids=ids, mask=mask, hidden=hidden[keep],
+                         weight=module.lm_head.weight.detach().clone()))  # fmt: skip
 
     model.register_forward_hook(hook, with_kwargs=True)
     return seen
@@ -118,6 +121,10 @@ def check_fused_calls(seen: list[dict], *, top1: bool) -> None:
         if out.mean_logits is not None:  # DPO's and KTO's logits metrics
             assert torch.equal(out.mean_logits[keep], ref.mean_logits)
             assert bool((out.mean_logits[~keep] == 0).all())
+        if out.log_sum_sq_probs is not None:  # DPO's WPO weights: no gradient
+            assert not out.log_sum_sq_probs.requires_grad
+            assert torch.equal(out.log_sum_sq_probs[keep], ref.log_sum_sq_probs)
+            assert bool((out.log_sum_sq_probs[~keep] == 0).all())
 
 
 def sft_dataset(n_rows: int = 8) -> Dataset:
@@ -313,12 +320,29 @@ def test_enable_patches_an_unpatched_model_and_is_idempotent(chunked_calls):
 
 
 def test_enable_refuses_outputs_it_does_not_serve_and_changes_nothing():
-    """A trainer whose fused head was asked for TRL's log_sum_sq_probs (DPO's WPO weights)."""
+    """A trainer whose fused head was asked for an output opcontract does not serve (every
+    field TRL 1.16 computes is served: a later TRL's, say)."""
+    assert set(oc_trl.SERVED) == {"log_probs", *OPTIONAL_OUTPUTS}
+    model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
+    trainer = sft_trainer(model, bf16=False)
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "top_k_probs"))
+    trls = model.forward
+    with pytest.raises(OpcontractPatchError, match="top_k_probs"):
+        oc_trl.enable(trainer)
+    assert model.forward is trls and not oc_trl.is_enabled(model)
+
+
+def test_enable_refuses_wpo_with_a_vocabulary_parallel_head():
+    """DPO's use_weighting asks for log_sum_sq_probs, which the vocabulary-parallel head does
+    not serve: enable refuses it by name before changing anything."""
+    from opcontract.integrations.transformers import SHARDED_HEAD
+
     model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
     trainer = sft_trainer(model, bf16=False)
     trl_utils.add_fused_lm_head(model, outputs=("log_probs", "log_sum_sq_probs"))
+    setattr(model, SHARDED_HEAD, object())  # never reached
     trls = model.forward
-    with pytest.raises(OpcontractPatchError, match="log_sum_sq_probs"):
+    with pytest.raises(OpcontractPatchError, match=r"\['log_sum_sq_probs'\] with a vocab"):
         oc_trl.enable(trainer)
     assert model.forward is trls and not oc_trl.is_enabled(model)
 
@@ -408,3 +432,61 @@ def test_preference_trainers_through_opcontract(kind, chunked_calls, tmp_path):
     assert torch.allclose(mean[keep], full[keep].mean(-1), rtol=0, atol=1e-5)
     log = trainer.state.log_history[0]
     assert "logits/chosen" in log and log["loss"] > 0
+
+
+def test_dpo_use_weighting_through_opcontract(chunked_calls, tmp_path):
+    """DPO with use_weighting=True (WPO) asks its fused head for log_sum_sq_probs as well:
+    a real trainer step through opcontract's head (TRL's chunked head never called), every
+    fused call's log_sum_sq_probs bitwise the op's (softcap_logprob's
+    return_log_sum_sq_probs), zero where the label is ignored, without a gradient; on the
+    hidden states and weights of each call, within 1e-5 of TRL's own chunked computation
+    (torch.log(sq_sum_exp) - 2 * torch.log(sum_exp) over its cuBLAS/CPU-BLAS tiles) and of
+    log sum_v p^2 from float64 logits; the logged loss is the WPO-weighted one computed from
+    those values."""
+    from opcontract.backends.torch.softcap_logprob import reference
+
+    model = _saved_tiny(tmp_path)
+    g = torch.Generator().manual_seed(11)
+    rows = [{"prompt": preference_words(n, g), "chosen": preference_words(3, g),
+             "rejected": preference_words(2, g)} for n in (1, 4, 2, 3)]  # fmt: skip
+    args = DPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4,
+                     bf16=False, use_weighting=True, **COMMON)  # fmt: skip
+    trainer = DPOTrainer(model=model, args=args, processing_class=tiny_tokenizer(),
+                         train_dataset=Dataset.from_list(rows))  # fmt: skip
+    assert "log_sum_sq_probs" in oc_trl._trl_request(model, "trainer.model")[0]
+    oc_trl.enable(trainer)
+    seen = record_fused_calls(model, False)
+    seen_ref = record_fused_calls(trainer.ref_model, False)
+    trainer.train()
+    assert chunked_calls == []
+    check_fused_calls(seen, top1=True)
+    check_fused_calls(seen_ref, top1=False)
+    assert seen and all(s["out"].log_sum_sq_probs is not None for s in seen)
+    assert all(s["out"].log_sum_sq_probs is None for s in seen_ref)  # the reference: log_probs
+    text = model.config.text_config
+    head = dict(multiplier=text.output_multiplier, softcap=text.final_logit_softcapping)
+    for s in seen:
+        keep, hidden, weight = s["keep"], s["hidden"], s["weight"]
+        got = s["out"].log_sum_sq_probs[keep]
+        tgt = s["tgt"][keep]
+        with torch.no_grad():
+            trls = trl_utils._ChunkedLogProbFunction.apply(
+                hidden, weight, None, tgt, 1.0, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE,
+                head["softcap"], head["multiplier"], ("log_probs", "log_sum_sq_probs"),
+            )[2]  # fmt: skip
+        exact = reference(hidden.double(), weight.double(), tgt, return_log_sum_sq_probs=True,
+                          **head).log_sum_sq_probs  # fmt: skip
+        assert got.dtype == torch.float32 and got.shape == trls.shape
+        assert float((got.double() - exact).abs().max()) <= 1e-5
+        assert float((got - trls).abs().max()) <= 1e-5
+        assert float((trls.double() - exact).abs().max()) <= 1e-5
+    # the step's loss is WPO's: the policy is the reference at step 1, so each pair's sigmoid
+    # loss is log 2, weighted by exp(mean over its completion of log_probs - log_sum_sq_probs)
+    # for the chosen and the rejected completion (DPOTrainer's use_weighting branch)
+    out, keep = seen[0]["out"], seen[0]["keep"]
+    mean = ((out.log_probs.detach() - out.log_sum_sq_probs) * keep).sum(1) / keep.sum(1)
+    chosen, rejected = mean.exp().chunk(2)
+    wpo = math.log(2) * (chosen * rejected).mean().item()
+    log = trainer.state.log_history[0]
+    assert "logits/chosen" in log and 0 < wpo < 0.5 * math.log(2)
+    assert log["loss"] == pytest.approx(wpo, rel=1e-6)

@@ -554,24 +554,29 @@ def logprob_head(
     backend: str | None = None,
     temperature: float = 1.0,
     mean_logits: bool = False,
+    log_sum_sq_probs: bool = False,
 ):
     """The trainer's head: softcap_logprob over final hidden rows [T, H] and their targets
     [T] (-100 ignored), with the model's multiplier and soft cap, of softmax(z /
     ``temperature``). A ``LogprobOutput`` (``logprob`` [T] float32; ``entropy``,
-    ``predicted`` and ``mean_logits`` when asked). Rows are batch-invariant: a row's bits do
-    not depend on the other rows in the call. ``backend`` None: the one the model was patched
-    with (the head its own forward and generation run)."""
+    ``predicted``, ``mean_logits`` and ``log_sum_sq_probs`` (log sum_v p^2, no gradient) when
+    asked). Rows are batch-invariant: a row's bits do not depend on the other rows in the
+    call. ``backend`` None: the one the model was patched with (the head its own forward and
+    generation run)."""
     model = lora.unwrap(model)
     if backend is None and is_patched(model):
         backend = patched_backend(model)
     text = model.config.text_config
     sharded = getattr(model, SHARDED_HEAD, None)  # opcontract.parallel's vocabulary slices
     if sharded is not None:
-        if temperature != 1.0 or mean_logits:
-            what = f"temperature={temperature!r}" if temperature != 1.0 else "mean_logits"
+        asked = [f"temperature={temperature!r}"] if temperature != 1.0 else []
+        asked += [n for n, on in (("mean_logits", mean_logits),
+                                  ("log_sum_sq_probs", log_sum_sq_probs)) if on]  # fmt: skip
+        if asked:
             raise ValueError(
-                f"{what}: the vocabulary-parallel head serves neither a temperature nor "
-                "mean_logits (its vocab_slice contracts declare none); use an unsharded head"
+                f"{', '.join(asked)}: the vocabulary-parallel head serves no temperature, "
+                "mean_logits or log_sum_sq_probs (its vocab_slice contracts declare none); use "
+                "an unsharded head"
             )
         w = _head_weight(model)
         w = w.to_local() if hasattr(w, "to_local") else w
@@ -584,6 +589,7 @@ def logprob_head(
         hidden, _head_weight(model), targets, multiplier=text.output_multiplier,
         softcap=text.final_logit_softcapping, return_entropy=entropy, return_predicted=predicted,
         temperature=temperature, return_mean_logits=mean_logits,
+        return_log_sum_sq_probs=log_sum_sq_probs,
     )  # fmt: skip
     return LogprobOutput(logprob=out) if isinstance(out, torch.Tensor) else out
 

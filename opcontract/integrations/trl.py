@@ -12,7 +12,7 @@ on ``trainer.model`` and ``trainer.ref_model``, with one that computes the same 
 opcontract's ``softcap_logprob`` (log-prob, entropy, argmax in one pass over the vocabulary,
 float32 from the GEMM accumulator on, never a [T, V] logits tensor), after checking what TRL
 asked for: the fields (``log_probs``, ``entropy``, ``is_top1``, ``mean_logits``: DPO's and
-KTO's logits metrics) and the temperature (the
+KTO's logits metrics, ``log_sum_sq_probs``: DPO's WPO weights) and the temperature (the
 contract's ``temperature``: softmax(z / temperature), as TRL's head). Anything else is an
 :class:`OpcontractPatchError` naming it, with nothing changed. The per-token log-probs are
 then bitwise those of :func:`~opcontract.integrations.transformers.token_logprobs` and of the
@@ -37,7 +37,7 @@ from opcontract.integrations import lora
 from opcontract.integrations import transformers as _hf
 from opcontract.integrations.transformers import OpcontractPatchError
 
-SERVED = ("log_probs", "entropy", "is_top1", "mean_logits")  # FusedCausalLMOutput fields served
+SERVED = ("log_probs", "entropy", "is_top1", "mean_logits", "log_sum_sq_probs")  # fields served
 OUTPUTS = ("log_probs", "entropy", "is_top1")  # what a head nobody asked anything of computes
 _TRL_HEAD = "add_fused_lm_head.<locals>._fused_forward"
 _HEAD_FLAG = "_opcontract_trl_head"
@@ -100,6 +100,13 @@ def _trl_request(model: nn.Module, where: str) -> tuple[tuple[str, ...], float]:
         raise OpcontractPatchError(
             f"{where}: TRL's fused head was asked for outputs {extra}; opcontract's head serves "
             f"{list(SERVED)}"
+        )
+    unsharded = [o for o in outputs if o in ("mean_logits", "log_sum_sq_probs")]
+    if unsharded and getattr(model, _hf.SHARDED_HEAD, None) is not None:
+        raise OpcontractPatchError(
+            f"{where}: TRL's fused head was asked for {unsharded} with a vocabulary-parallel "
+            "head, which serves neither (its vocab_slice contracts declare none); train with an "
+            "unsharded head"
         )
     # cast_lm_head_to_fp32 needs nothing: a product of two bfloat16 numbers is exact in
     # float32, and softcap_logprob accumulates and soft-caps in float32 already.
@@ -165,7 +172,7 @@ def install_head(
         raise OpcontractPatchError(f"install_head: outputs {extra}; served: {list(SERVED)}")
     base = getattr(model, _hf.OPCONTRACT_FORWARD)
     want_entropy, want_top1 = "entropy" in outputs, "is_top1" in outputs
-    want_mean = "mean_logits" in outputs
+    want_mean, want_sq = "mean_logits" in outputs, "log_sum_sq_probs" in outputs
 
     @functools.wraps(base.__func__)  # generate() reads the forward's signature
     def forward(
@@ -205,7 +212,7 @@ def install_head(
         # only the labelled rows go through the head: each row's bits are its own (batch dims)
         out = _hf.logprob_head(self, hidden[mask], tgt[mask], entropy=want_entropy,
                                predicted=want_top1, backend=backend, temperature=temperature,
-                               mean_logits=want_mean)  # fmt: skip
+                               mean_logits=want_mean, log_sum_sq_probs=want_sq)  # fmt: skip
 
         def scatter(x: torch.Tensor | None) -> torch.Tensor | None:
             # masked_scatter keeps an all-ignored batch connected to the graph (a zero loss)
@@ -214,6 +221,8 @@ def install_head(
         log_probs, entropy = scatter(out.logprob), scatter(out.entropy)
         is_top1 = scatter(out.predicted == tgt[mask]) if want_top1 else None
         mean = scatter(out.mean_logits) if want_mean else None
+        # log_sum_sq_probs: non-differentiable (the contract's; TRL's marks it so too)
+        sq = scatter(out.log_sum_sq_probs.detach()) if want_sq else None
         n = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         return FusedCausalLMOutput(
             loss=-log_probs.sum() / n,
@@ -221,6 +230,7 @@ def install_head(
             entropy=entropy,
             is_top1=is_top1,
             mean_logits=mean,
+            log_sum_sq_probs=sq,
             label_mask=mask,
         )
 

@@ -56,7 +56,7 @@ def forward(
     temperature=1.0,
 ):
     """(loss, token_accuracy, lse): the strict torch head, reduced over tokens."""
-    lp, _, pred, lse, _, smooth, _ = slp.strict_forward_all(
+    lp, _, pred, lse, _, smooth, *_ = slp.strict_forward_all(
         hidden, weight, targets, multiplier, softcap, ignore_index, temperature=temperature
     )
     loss, acc = lce.loss_and_accuracy(

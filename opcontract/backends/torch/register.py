@@ -102,6 +102,7 @@ _SLP_PLAN = {
     **_HEAD_PLAN,
     "vocab_entropy": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale"),
     "vocab_zsum": _plan(block=slp.VOCAB_BLOCK),
+    "vocab_sq": _plan(block=slp.VOCAB_BLOCK, merge="online_max_rescale"),
 }
 register(
     op="softcap_logprob",

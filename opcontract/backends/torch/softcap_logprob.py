@@ -10,6 +10,8 @@ add), so the order of every reduction is written in this file and nowhere else:
   merge in ascending order with the online max rescale.
 * vocab_argmax: per block (max, first index at the max); a later block wins only with a
   strictly larger max.
+* vocab_sq: per block, the tree sum of exp(2 (z - m_b)), merged alongside vocab_lse with the
+  squared rescale factors exp(2 (M - M')) and exp(2 (m_b - M')).
 * grad_hidden_v: chunks of ``GRAD_CHUNK`` columns in ascending order, each chunk's
   partial summed over its columns one at a time, then added to a float32 buffer.
 * grad_weight_t: one float32 accumulator per element, the tokens walked one at a time
@@ -36,8 +38,10 @@ VOCAB_BLOCK = _C.reductions["vocab_lse"].block
 GRAD_CHUNK = _C.reductions["grad_hidden_v"].block
 
 
-def _result(logprob, entropy, predicted, return_entropy, return_predicted, mean_logits=None):
-    if not (return_entropy or return_predicted or mean_logits is not None):
+def _result(logprob, entropy, predicted, return_entropy, return_predicted, mean_logits=None,
+            log_sum_sq_probs=None):  # fmt: skip
+    if not (return_entropy or return_predicted or mean_logits is not None
+            or log_sum_sq_probs is not None):  # fmt: skip
         return logprob
     from opcontract.outputs import LogprobOutput
 
@@ -46,6 +50,7 @@ def _result(logprob, entropy, predicted, return_entropy, return_predicted, mean_
         entropy if return_entropy else None,
         predicted if return_predicted else None,
         mean_logits,
+        log_sum_sq_probs,
     )
 
 
@@ -82,6 +87,7 @@ def reference(
     return_predicted: bool = False,
     temperature: float = 1.0,
     return_mean_logits: bool = False,
+    return_log_sum_sq_probs: bool = False,
 ):
     """Float64 oracle of the contract's math (differentiable). Float64 [T] outputs."""
     z = logits64(hidden, weight, multiplier, softcap, temperature)
@@ -93,7 +99,9 @@ def reference(
     entropy = lse - (torch.softmax(z, dim=1) * z).sum(1) if return_entropy else None
     predicted = z.argmax(dim=1) if return_predicted else None
     mean = z.mean(dim=1) if return_mean_logits else None
-    return _result(logprob, entropy, predicted, return_entropy, return_predicted, mean)
+    # log sum_v p^2 = logsumexp_v 2 log p: no exp(2z) to overflow
+    sq = torch.logsumexp(2.0 * (z - lse[:, None]), dim=1) if return_log_sum_sq_probs else None
+    return _result(logprob, entropy, predicted, return_entropy, return_predicted, mean, sq)
 
 
 def _block_logits(
@@ -128,7 +136,8 @@ class Walk(NamedTuple):
     """What one walk over ascending vocabulary blocks keeps per row (float32): the running
     max and sum exp(z - max) (vocab_lse), sum exp(z - max) z (vocab_entropy), the first
     maximum and its column (vocab_argmax), the plain sum of z (vocab_zsum; zeros unless
-    asked for) and the target's z (0 where no block holds the target)."""
+    asked for), the target's z (0 where no block holds the target) and sum exp(2 (z - max))
+    (vocab_sq; None unless asked for)."""
 
     max: torch.Tensor
     sum: torch.Tensor
@@ -137,13 +146,15 @@ class Walk(NamedTuple):
     arg_idx: torch.Tensor
     z_total: torch.Tensor
     z_target: torch.Tensor
+    sq: torch.Tensor | None = None
 
 
 def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False,
-               temperature=1.0) -> Walk:  # fmt: skip
+               temperature=1.0, sq=False) -> Walk:  # fmt: skip
     """One pass over ``weight``'s rows in VOCAB_BLOCK blocks, ascending (the bits depend on
     it), for float32 rows ``h`` and int64 targets ``t`` (a value outside [0, V) selects no
-    column). ``z_out`` ([T, V] float32) receives each block's z; ``total`` also sums z."""
+    column). ``z_out`` ([T, V] float32) receives each block's z; ``total`` also sums z;
+    ``sq`` also sums exp(2 (z - max))."""
     T, V = h.shape[0], weight.shape[0]
     f32 = dict(dtype=torch.float32, device=h.device)
     run_max = torch.full((T,), float("-inf"), **f32)
@@ -153,6 +164,7 @@ def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False,
     arg_idx = torch.zeros(T, dtype=torch.int64, device=h.device)
     z_total = torch.zeros(T, **f32)
     z_target = torch.zeros(T, **f32)
+    run_sq = torch.zeros(T, **f32) if sq else None
     for v0 in range(0, V, VOCAB_BLOCK):
         z, _, valid = _block_logits(h, weight, v0, multiplier, softcap, temperature)
         if z_out is not None:
@@ -166,6 +178,10 @@ def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False,
         old_scale, b_scale = ew.exp(run_max - new_max), ew.exp(m_b - new_max)
         run_sum = run_sum * old_scale + s_b * b_scale
         run_zsum = run_zsum * old_scale + w_b * b_scale
+        if sq:  # vocab_sq: the block's exp(2 (z - m_b)), rescaled by the squared factors
+            s2_b = tree_sum(ew.exp(2.0 * (z - m_b[:, None])))
+            run_sq = (run_sq * ew.exp(2.0 * (run_max - new_max))
+                      + s2_b * ew.exp(2.0 * (m_b - new_max)))  # fmt: skip
         run_max = new_max
         first = (z == m_b[:, None]).int().argmax(dim=1) + v0
         arg_idx = torch.where(m_b > arg_max, first, arg_idx)
@@ -175,24 +191,28 @@ def block_walk(h, weight, t, multiplier, softcap, z_out=None, total=False,
         hit = (t >= v0) & (t < v0 + VOCAB_BLOCK)
         zt = z.gather(1, torch.where(hit, t - v0, 0)[:, None])[:, 0]
         z_target = torch.where(hit, zt, z_target)
-    return Walk(run_max, run_sum, run_zsum, arg_max, arg_idx, z_total, z_target)
+    return Walk(run_max, run_sum, run_zsum, arg_max, arg_idx, z_total, z_target, run_sq)
 
 
 def strict_forward_all(hidden, weight, targets, multiplier, softcap, ignore_index, z_out=None,
-                       temperature=1.0):  # fmt: skip
-    """(logprob, entropy, predicted, lse, mean_z, smooth, mean_logits): every output and what
-    backward needs; mean_logits = sum_v z / V (vocab_zsum) and smooth = lse - mean_logits,
-    label smoothing's term. ``z_out`` ([T, V] float32, the sampler head's): receives every
-    block's z as it is computed."""
+                       temperature=1.0, sq=False):  # fmt: skip
+    """(logprob, entropy, predicted, lse, mean_z, smooth, mean_logits, log_sum_sq_probs):
+    every output and what backward needs; mean_logits = sum_v z / V (vocab_zsum), smooth =
+    lse - mean_logits, label smoothing's term, and with ``sq`` log_sum_sq_probs = log(S2) -
+    2 log(S) (vocab_sq; None without). ``z_out`` ([T, V] float32, the sampler head's):
+    receives every block's z as it is computed."""
     V = weight.shape[0]
     t = targets.long()
     w = block_walk(hidden.float(), weight, t, multiplier, softcap, z_out, total=True,
-                   temperature=temperature)  # fmt: skip
-    lse = w.max + ew.log(w.sum)
+                   temperature=temperature, sq=sq)  # fmt: skip
+    log_sum = ew.log(w.sum)
+    lse = w.max + log_sum
     mean_z = w.zsum / w.sum
     logprob = torch.where(t != ignore_index, w.z_target - lse, 0.0)
     mean_logits = w.z_total / V
-    return logprob, lse - mean_z, w.arg_idx, lse, mean_z, lse - mean_logits, mean_logits
+    log_sum_sq = ew.log(w.sq) - 2.0 * log_sum if sq else None
+    return (logprob, lse - mean_z, w.arg_idx, lse, mean_z, lse - mean_logits, mean_logits,
+            log_sum_sq)  # fmt: skip
 
 
 PLANS = ("vocab_chunks", "token_chunks")  # the contract's equal-bits backward plans
@@ -350,17 +370,20 @@ def forward(
     return_predicted,
     temperature=1.0,
     return_mean_logits=False,
+    return_log_sum_sq_probs=False,
 ):
-    """(logprob, entropy, predicted, mean_logits, lse, mean_z) in the contract's order; None
-    where not asked for."""
-    lp, ent, pred, lse, mean_z, _, mean_logits = strict_forward_all(
-        hidden, weight, targets, multiplier, softcap, ignore_index, temperature=temperature
-    )
+    """(logprob, entropy, predicted, mean_logits, log_sum_sq_probs, lse, mean_z) in the
+    contract's order; None where not asked for."""
+    lp, ent, pred, lse, mean_z, _, mean_logits, log_sum_sq = strict_forward_all(
+        hidden, weight, targets, multiplier, softcap, ignore_index, temperature=temperature,
+        sq=return_log_sum_sq_probs,
+    )  # fmt: skip
     return (
         lp,
         ent if return_entropy else None,
         pred if return_predicted else None,
         mean_logits if return_mean_logits else None,
+        log_sum_sq,
         lse,
         mean_z if return_entropy else None,
     )
@@ -379,8 +402,10 @@ def backward(
     return_predicted,
     temperature=1.0,
     return_mean_logits=False,
+    return_log_sum_sq_probs=False,
 ):
-    """{hidden, weight}: the contract's backward, in the contract's order."""
+    """{hidden, weight}: the contract's backward, in the contract's order (mean_logits and
+    log_sum_sq_probs carry no gradient)."""
     g_lp, g_ent = grads["logprob"], grads["entropy"] if return_entropy else None
     lse = saved["lse"]
     gh, gw = strict_backward(
@@ -408,6 +433,7 @@ def eager_forward(
     return_predicted: bool = False,
     temperature: float = 1.0,
     return_mean_logits: bool = False,
+    return_log_sum_sq_probs: bool = False,
 ):
     """Stock eager: library GEMM, logits rounded to the input dtype, full [T, V] in memory."""
     y = (hidden @ weight.T).float() * multiplier
@@ -420,4 +446,5 @@ def eager_forward(
     entropy = -(logp_all.exp() * logp_all).sum(-1) if return_entropy else None
     predicted = z.argmax(-1) if return_predicted else None
     mean = z.mean(-1) if return_mean_logits else None
-    return logp, entropy, predicted, mean, torch.logsumexp(z, dim=-1), None
+    sq = torch.logsumexp(2.0 * logp_all, dim=-1) if return_log_sum_sq_probs else None
+    return logp, entropy, predicted, mean, sq, torch.logsumexp(z, dim=-1), None

@@ -64,6 +64,7 @@ LOGPROB_PLAN = {
     **_HEAD_PLAN,
     "vocab_entropy": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
     "vocab_zsum": _plan(block=slp.BLOCK_V, split="fixed_blocks"),
+    "vocab_sq": _plan(block=slp.BLOCK_V, merge="online_max_rescale", split="fixed_blocks"),
 }
 CE_PLAN = {
     **_HEAD_PLAN,

@@ -121,6 +121,7 @@ class HeadResult(NamedTuple):
     smooth: torch.Tensor | None  # lse - mean_v z: label smoothing's term
     logits: torch.Tensor | None = None  # z [T, V] float32: the sampler head's
     mean_logits: torch.Tensor | None = None  # mean_v z, with zsum
+    log_sum_sq_probs: torch.Tensor | None = None  # log sum_v p^2, with sq
 
 
 def forward_all(
@@ -134,12 +135,14 @@ def forward_all(
     entropy=False,
     argmax=False,
     zsum=False,
+    sq=False,
     logits=False,
     config=None,
     _pinned=None,
     temperature=1.0,
 ):
-    """HeadResult of [T] tensors; entropy/mean_z, predicted and smooth only when asked for;
+    """HeadResult of [T] tensors; entropy/mean_z, predicted, smooth/mean_logits (``zsum``) and
+    log_sum_sq_probs (``sq``) only when asked for;
     with ``logits`` also z [T, V] float32, stored by the partials kernel from the very tile
     values it reduces (the sampler head).
 
@@ -165,8 +168,9 @@ def forward_all(
     pred = torch.empty(T, dtype=torch.int64, device=dev) if argmax else None
     smooth = torch.empty(T, **f32) if zsum else None
     z_mean = torch.empty(T, **f32) if zsum else None
+    log_sum_sq = torch.empty(T, **f32) if sq else None
     z = torch.empty(T, V, **f32) if logits else None
-    result = HeadResult(logprob, ent, pred, lse, mean_z, smooth, z, z_mean)
+    result = HeadResult(logprob, ent, pred, lse, mean_z, smooth, z, z_mean, log_sum_sq)
     if T == 0:
         return result
     hidden, weight, targets = (
@@ -180,6 +184,7 @@ def forward_all(
     pzs = torch.empty_like(pmax) if entropy else pmax
     parg = torch.empty((n_blocks, T), dtype=torch.int32, device=dev) if argmax else pmax
     pzsum = torch.empty_like(pmax) if zsum else pmax
+    psq = torch.empty_like(pmax) if sq else pmax
     z_t = torch.empty(T, **f32)
     bt = cfg["block_t"]
     flags = dict(
@@ -187,6 +192,7 @@ def forward_all(
         ENTROPY=entropy,
         ARGMAX=argmax,
         ZSUM=zsum,
+        SQ=sq,
         LOGITS=logits,
         INTERPRET=interpreting(),
         PROMOTE=promote,
@@ -197,7 +203,7 @@ def forward_all(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    outs = (targets, pmax, psum, pzs, parg, pzsum, z_t, z if logits else pmax)
+    outs = (targets, pmax, psum, pzs, parg, pzsum, psq, z_t, z if logits else pmax)
     scalars = (*_scalars(multiplier, softcap, temperature), 0.0)
     n_tiles = cdiv(T, bt) * n_blocks
     programs = min(n_tiles, _num_sms(dev) * cfg["programs_per_sm"])
@@ -248,6 +254,7 @@ def forward_all(
         pzs,
         parg,
         pzsum,
+        psq,
         z_t,
         targets,
         logprob,
@@ -257,6 +264,7 @@ def forward_all(
         pred if argmax else lse,
         smooth if zsum else lse,
         z_mean if zsum else lse,
+        log_sum_sq if sq else lse,
         T,
         V,
         n_blocks,
@@ -264,6 +272,7 @@ def forward_all(
         ENTROPY=entropy,
         ARGMAX=argmax,
         ZSUM=zsum,
+        SQ=sq,
         BLOCK_R=block_r,
     )
     return result
@@ -447,13 +456,16 @@ def _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg
 
 
 def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index,
-            return_entropy, return_predicted, temperature=1.0, return_mean_logits=False):
-    """(logprob, entropy, predicted, mean_logits, lse, mean_z) in the contract's order; None
-    where not asked for."""
+            return_entropy, return_predicted, temperature=1.0, return_mean_logits=False,
+            return_log_sum_sq_probs=False):
+    """(logprob, entropy, predicted, mean_logits, log_sum_sq_probs, lse, mean_z) in the
+    contract's order; None where not asked for."""
     r = forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
                     ignore_index=ignore_index, entropy=return_entropy, argmax=return_predicted,
-                    zsum=return_mean_logits, config=config, temperature=temperature)
-    return r.logprob, r.entropy, r.predicted, r.mean_logits, r.lse, r.mean_z
+                    zsum=return_mean_logits, sq=return_log_sum_sq_probs, config=config,
+                    temperature=temperature)
+    return (r.logprob, r.entropy, r.predicted, r.mean_logits, r.log_sum_sq_probs, r.lse,
+            r.mean_z)
 
 
 def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier,
@@ -475,7 +487,8 @@ def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multi
 
 def logprob_backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index,
                      return_entropy, return_predicted, temperature=1.0,
-                     return_mean_logits=False, grad_gemm="triton"):
+                     return_mean_logits=False, return_log_sum_sq_probs=False,
+                     grad_gemm="triton"):
     g_ent = grads["entropy"] if return_entropy else None
     return head_backward(config, saved, grads["logprob"], g_ent, None, needs,
                          multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,

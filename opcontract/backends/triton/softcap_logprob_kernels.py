@@ -2,9 +2,9 @@
 
 Forward: a partials kernel computes, for one tile of BLOCK_T rows and one vocabulary block
 of BLOCK_V columns, the float32 logits, the multiplier and soft cap in float32, and the
-row partials of the block: max, sum of exp(z - max), (optionally) sum of exp(z - max)*z
-and the first column at the max, and z at the target when the target falls in the block.
-``_merge_kernel`` walks each row's blocks in ascending order.
+row partials of the block: max, sum of exp(z - max), (optionally) sum of exp(z - max)*z,
+the first column at the max, sum of z and sum of exp(2 (z - max)), and z at the target when
+the target falls in the block. ``_merge_kernel`` walks each row's blocks in ascending order.
 
 Three partials kernels compute the same tiles with the same arithmetic and differ only
 in how tiles are scheduled and operands loaded: ``_partials_kernel`` (one program per
@@ -95,11 +95,11 @@ def _capped(acc, scale, softcap, HAS_CAP: tl.constexpr):
 
 
 @triton.jit
-def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, z_ptr,
-                   T, V, pid_t, pid_v, scale, softcap,
+def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr,
+                   z_ptr, T, V, pid_t, pid_v, scale, softcap,
                    HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                   ZSUM: tl.constexpr, LOGITS: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_V: tl.constexpr):
+                   ZSUM: tl.constexpr, SQ: tl.constexpr, LOGITS: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < T
@@ -118,6 +118,8 @@ def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
         tl.store(pzs_ptr + part, tl.sum(e * z_ok, axis=1), mask=row_ok)
     if ZSUM:
         tl.store(pzsum_ptr + part, tl.sum(z_ok, axis=1), mask=row_ok)
+    if SQ:  # vocab_sq: exp(2 (z - m)), 0 past V (z = -inf there); 2 (z - m) is exact
+        tl.store(psq_ptr + part, tl.sum(tl.exp(2.0 * (z - m[:, None])), axis=1), mask=row_ok)
     if ARGMAX:
         first = tl.min(tl.where(z == m[:, None], cols[None, :], V), axis=1)  # lowest at max
         tl.store(parg_ptr + part, first, mask=row_ok)
@@ -129,10 +131,11 @@ def _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
 
 @triton.jit
 def _partials_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
-                     zt_ptr, z_ptr,
+                     psq_ptr, zt_ptr, z_ptr,
                      T, V, H, stride_h, stride_w, scale, softcap, zero,
                      HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                     ZSUM: tl.constexpr, LOGITS: tl.constexpr, INTERPRET: tl.constexpr,
+                     ZSUM: tl.constexpr, SQ: tl.constexpr, LOGITS: tl.constexpr,
+                     INTERPRET: tl.constexpr,
                      PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_T: tl.constexpr):
@@ -140,17 +143,18 @@ def _partials_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr,
                                 GROUP_T)
     acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
                                 INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
-    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, z_ptr,
-                   T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM, LOGITS,
-                   BLOCK_T, BLOCK_V)
+    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr,
+                   z_ptr, T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM, SQ,
+                   LOGITS, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
 def _partials_persistent_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr,
-                                pzsum_ptr, zt_ptr, z_ptr, T, V, H, stride_h, stride_w, scale,
-                                softcap, zero,
+                                pzsum_ptr, psq_ptr, zt_ptr, z_ptr, T, V, H, stride_h, stride_w,
+                                scale, softcap, zero,
                                 HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
-                                ARGMAX: tl.constexpr, ZSUM: tl.constexpr, LOGITS: tl.constexpr,
+                                ARGMAX: tl.constexpr, ZSUM: tl.constexpr, SQ: tl.constexpr,
+                                LOGITS: tl.constexpr,
                                 INTERPRET: tl.constexpr,
                                 PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
                                 BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -162,17 +166,18 @@ def _partials_persistent_kernel(h_ptr, w_ptr, t_ptr, pmax_ptr, psum_ptr, pzs_ptr
         pid_t, pid_v = _tile_coords(tile, n_t, n_v, GROUP_T)
         acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v,
                                     zero, INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
-        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
-                       z_ptr, T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
-                       LOGITS, BLOCK_T, BLOCK_V)
+        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr,
+                       zt_ptr, z_ptr, T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX,
+                       ZSUM, SQ, LOGITS, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
 def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
-                         zt_ptr, z_ptr,
+                         psq_ptr, zt_ptr, z_ptr,
                          T, V, H, scale, softcap, zero,
                          HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,
-                         ZSUM: tl.constexpr, LOGITS: tl.constexpr, INTERPRET: tl.constexpr,
+                         ZSUM: tl.constexpr, SQ: tl.constexpr, LOGITS: tl.constexpr,
+                         INTERPRET: tl.constexpr,
                          PROMOTE: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_T: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
@@ -189,17 +194,17 @@ def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, par
             b = w_desc.load([pid_v * BLOCK_V, k0])
             acc, part = _dot_block(a, tl.trans(b), acc, part, fresh,
                                    _flush_at(k0, H, BLOCK_K, PROMOTE), INTERPRET, PROMOTE)
-        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr,
-                       z_ptr, T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX, ZSUM,
-                       LOGITS, BLOCK_T, BLOCK_V)
+        _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr,
+                       zt_ptr, z_ptr, T, V, pid_t, pid_v, scale, softcap, HAS_CAP, ENTROPY, ARGMAX,
+                       ZSUM, SQ, LOGITS, BLOCK_T, BLOCK_V)
 
 
 @triton.jit
-def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_ptr,
+def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr, t_ptr,
                   logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr,
-                  zmean_ptr, T, V, NUM_BLOCKS, ignore_index,
+                  zmean_ptr, sq_ptr, T, V, NUM_BLOCKS, ignore_index,
                   ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
-                  BLOCK_R: tl.constexpr):
+                  SQ: tl.constexpr, BLOCK_R: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < T
     run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
@@ -208,6 +213,7 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_pt
     arg_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     arg_idx = tl.zeros((BLOCK_R,), tl.int64)
     run_zsum = tl.zeros((BLOCK_R,), tl.float32)
+    run_sq = tl.zeros((BLOCK_R,), tl.float32)
     for b in range(0, NUM_BLOCKS):  # vocab_*: ascending blocks, online max rescale
         part = b * T + rows.to(tl.int64)
         m = tl.load(pmax_ptr + part, mask=row_ok, other=0.0)
@@ -225,8 +231,12 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_pt
             arg_max = tl.maximum(arg_max, m)
         if ZSUM:  # vocab_zsum: plain float32 adds, ascending
             run_zsum += tl.load(pzsum_ptr + part, mask=row_ok, other=0.0)
+        if SQ:  # vocab_sq: the same max, the rescale factors squared as exp(2 (m - M'))
+            s2 = tl.load(psq_ptr + part, mask=row_ok, other=1.0)
+            run_sq = run_sq * tl.exp(2.0 * (run_max - new_max)) + s2 * tl.exp(2.0 * (m - new_max))
         run_max = new_max
-    lse = run_max + tl.log(run_sum)
+    log_sum = tl.log(run_sum)
+    lse = run_max + log_sum
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
     z_t = tl.load(zt_ptr + rows, mask=row_ok & (tgt != ignore_index), other=0.0)
     tl.store(logprob_ptr + rows, tl.where(tgt == ignore_index, 0.0, z_t - lse), mask=row_ok)
@@ -241,6 +251,8 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, zt_ptr, t_pt
         z_mean = run_zsum / V
         tl.store(zmean_ptr + rows, z_mean, mask=row_ok)
         tl.store(smooth_ptr + rows, lse - z_mean, mask=row_ok)
+    if SQ:  # log sum_v p^2 = log(S2) - 2 log(S)
+        tl.store(sq_ptr + rows, tl.log(run_sq) - 2.0 * log_sum, mask=row_ok)
 
 
 @triton.jit
