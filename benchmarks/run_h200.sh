@@ -96,6 +96,7 @@ for s in "$@"; do
                 N=19968,K=6656 --out /tmp/hf_projections.yaml
             SWEEP=/tmp/hf_projections.yaml sweep hf-decode dense_gemm 36 40 540 --max-batch 64 ;;
         sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
+        sweep-cute-head) sweep cute-head cute.fused,cute.fused_ce 8 50 540 ;;
         sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 36 60 540 ;;
         tuned) stage tuned "${TUNED_LIMIT:-400}" python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
             --out "$OUT/tuned_dispatch_h200.json" ;;
@@ -142,6 +143,11 @@ for s in "$@"; do
             stage decode-profile 500 python3 benchmarks/decode_gpu_profile.py \
                 --batch "${DECODE:-1,64}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/decode_gpu_profile_h200.json" ;;
+        cute-head)  # the CuTe heads against triton.fused bitwise, then their training time
+            stage cute-head-tests 330 python3 -m pytest -q -m gpu "$TREE/tests/test_cute_head.py" \
+                "$TREE/tests/test_cute_backend.py" -p no:cacheprovider
+            stage cute-head-train 400 python3 benchmarks/softcap_logprob_train.py --T ${HEAD_T:-8192} \
+                --rep-ms 400 --backend cute.fused --out "$OUT/softcap_logprob_train_cute_${LABEL}.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac

@@ -38,8 +38,8 @@ def make(T: int, seed: int = 0, w_std: float = 0.3):
     return h, w, t
 
 
-def ours(h, w, t, backend=None):
-    f = dispatch.op("softcap_logprob", backend=backend)
+def ours(h, w, t, backend=None, plan=None):
+    f = dispatch.op("softcap_logprob", backend=backend, plan=plan)
     return -f(h, w, t, multiplier=MULT, softcap=CAP).sum()
 
 
@@ -74,17 +74,19 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 16384])
     ap.add_argument("--rep-ms", type=float, default=1500)
+    ap.add_argument("--backend", default=None, help="force opcontract's head (e.g. cute.fused)")
+    ap.add_argument("--plan", default=None, help="the backward plan (vocab_chunks, token_chunks)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     env = env_stamp()
     tflops, gbps = matmul_tflops(), copy_gbps()
     print(env, f"matmul {tflops:.0f} TFLOP/s, copy {gbps:.0f} GB/s", flush=True)
-    providers = {"opcontract": ours}
+    providers = {"opcontract": functools.partial(ours, backend=args.backend, plan=args.plan)}
     h, w, t = make(8, seed=1)
-    ours(h, w, t)
+    providers["opcontract"](h, w, t)
     served = dispatch.last_provenance().implementation
     if served != "triton.fused":  # the Triton head beside the one dispatch serves
-        providers["opcontract.triton"] = functools.partial(ours, backend="triton")
+        providers["opcontract.triton"] = functools.partial(ours, backend="triton", plan=args.plan)
     providers["torch.eager"] = eager
     try:
         providers["liger.flce"] = liger(None)
@@ -106,8 +108,8 @@ def main() -> int:
 
     T_max = max(args.T)
     h, w, t = make(T_max)
-    gh_full, gw_full = fwd_bwd(ours, h, w, t)
-    gh_again, gw_again = fwd_bwd(ours, h, w, t)
+    gh_full, gw_full = fwd_bwd(providers["opcontract"], h, w, t)
+    gh_again, gw_again = fwd_bwd(providers["opcontract"], h, w, t)
     invariance = {
         "run_to_run_grad_hidden": bool(torch.equal(gh_full, gh_again)),
         "run_to_run_grad_weight": bool(torch.equal(gw_full, gw_again)),
@@ -115,7 +117,7 @@ def main() -> int:
     gen = torch.Generator().manual_seed(5)
     for T in sorted({1, 3, 64, 1000, *args.T}):
         idx = torch.randperm(T_max, generator=gen)[:T].cuda()
-        gh, _ = fwd_bwd(ours, h[idx], w, t[idx])
+        gh, _ = fwd_bwd(providers["opcontract"], h[idx], w, t[idx])
         invariance[f"grad_hidden_rows_T{T}"] = bool(torch.equal(gh, gh_full[idx]))
     if "opcontract.triton" in providers:  # the served head against triton.fused, bitwise
         gh_t, gw_t = fwd_bwd(providers["opcontract.triton"], h, w, t)

@@ -30,8 +30,8 @@ def test_cute_heads_declare_the_triton_heads_plans(op, name):
     assert impl.capability == ((9, 0), (9, 0)) and impl.dtypes == ("bfloat16", "float16")
     assert impl.plan == triton.plan and impl.config_space == triton.config_space
     assert registry.declaration_problems(impl, get_contract(op)) == []
-    # served by default only once its GPU test has shown triton.fused's bits
-    assert impl.priority["cuda"] < triton.priority["cuda"]
+    # served by default (its GPU test shows triton.fused's bits)
+    assert impl.priority["cuda"] > triton.priority["cuda"]
 
 
 def test_cute_head_rejected_with_a_reason_off_sm90():
@@ -41,7 +41,7 @@ def test_cute_head_rejected_with_a_reason_off_sm90():
     with simulate((9, 0), name="H200"):
         r = dispatch.explain("softcap_logprob", h, w, t)
     if HAVE_CUTLASS:
-        assert "cute.fused" in r.accepted
+        assert "cute.fused" in r.accepted and r.implementation == "cute.fused"
     else:
         assert "CUTLASS DSL is not installed" in r.rejected["cute.fused"]
         assert 'pip install "opcontract[cute]"' in r.rejected["cute.fused"]

@@ -100,7 +100,8 @@ def test_parallel_partials_counters_and_graph_replay():
         outs.append(run_impl(impl, cfg, x=x, weight=w, bias=None))
     torch.cuda.synchronize()
     assert all(torch.equal(o, want) for o in outs)
-    assert len(tdg._ARRIVALS) >= 2 and not any(b.any() for b in tdg._ARRIVALS.values())
+    # counters kept for the default stream only (a side stream's launch brings its own)
+    assert len(tdg._ARRIVALS) >= 1 and not any(b.any() for b in tdg._ARRIVALS.values())
     static_x = x.clone()
     run_impl(impl, cfg, x=static_x, weight=w, bias=None)  # compile before capture
     graph = torch.cuda.CUDAGraph()

@@ -57,11 +57,12 @@ def _head_libraries() -> str | None:
 # mainloop, through its float32 addend epilogues; the forward and the logits' gradient g are
 # triton.fused's kernels. The GEMMs' numerics are Triton's (256-element promoted partials, the
 # float32 sums added in the same order), so every output and gradient is triton.fused's, bit
-# for bit (tests/test_cute_head.py, on the GPU). Below triton.fused (20) until that GPU test
-# has passed: dispatch serves it only when asked for (backend="cute").
+# for bit (tests/test_cute_head.py, passed on the H200). Above triton.fused (20): where both
+# may serve and no table times them, the CuTe head serves (1.08x faster forward+backward at
+# T = 8192, benchmarks/results/softcap_logprob_train_cute_h200.json).
 _CUTE_HEAD = dict(
     HEAD,
-    **{**_CUTE, "available": _head_libraries, "priority": {"cuda": 15}},
+    **{**_CUTE, "available": _head_libraries, "priority": {"cuda": 30}},
 )
 register(
     op="softcap_logprob",
