@@ -156,7 +156,7 @@ def explore(args) -> dict:
 def full(args) -> dict:
     T_max = max(args.T)
     h, w, t = make(T_max)
-    slp = dispatch.op("softcap_logprob")
+    slp = dispatch.op("softcap_logprob", backend=args.backend)
     liger = liger_fn()
     rows, inv = [], []
 
@@ -229,6 +229,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="+", default=[1, 64, 2048, 8192, 16384])
     ap.add_argument("--explore", action="store_true")
+    ap.add_argument("--backend", default=None, help="force opcontract's head (e.g. cute.fused)")
     ap.add_argument("--rep-ms", type=float, default=400)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -83,10 +83,12 @@ def test_gemm_addend_arguments_are_checked(emulated):
         dg.gemm(a, b, addend=acc.double())
     with pytest.raises(ValueError, match="seed needs an addend"):
         dg.gemm(a, b, seed=True)
-    with pytest.raises(TypeError, match="float32 with an addend"):
-        dg.gemm(a, b, out=torch.empty(16, 8))
+    with pytest.raises(TypeError, match="bfloat16 or float32"):
+        dg.gemm(a, b, out=torch.empty(16, 8, dtype=torch.float16))
     out = dg.gemm(a, b, out=acc, addend=acc)  # in place: c is the addend
     assert out is acc and emulated == [(torch.float32, "add", True)]
+    plain = torch.empty(16, 8)  # the float32 sum, unrounded, no addend
+    assert dg.gemm(a, b, out=plain) is plain and emulated[-1] == (torch.float32, "none", False)
 
 
 @pytest.mark.parametrize("plan,modes", [("vocab_chunks", {"none", "add"}),
@@ -112,6 +114,56 @@ def test_head_backward_on_the_cute_gemms(emulated, plan, modes):
         assert emulated[-1] == (torch.bfloat16, "seed", False)
     for a, b in zip(got, ref, strict=True):
         assert a.dtype == b.dtype == torch.bfloat16 and a.shape == b.shape
+        rel = ((a.double() - b.double()).norm() / b.double().norm()).item()
+        assert 0 < b.double().norm() and rel < 1e-2, rel
+
+
+@pytest.fixture
+def apart(monkeypatch):
+    """The logits' GEMM apart from every call's first row, in chunks of 256 columns."""
+    monkeypatch.setattr(slp, "ACC_MIN_T", 1)
+    monkeypatch.setattr(slp, "ACC_BYTES", 4 * 300 * 256)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_logits_gemm_apart_gives_the_fused_kernels_bits(apart, dtype):
+    """The acc stored by a GEMM run apart (Triton's here, the partials kernels' own gemm_k)
+    and read back by the epilogue kernels: every forward output and both plans' gradients
+    equal the fused kernels', bitwise (across column chunks and a ragged last one)."""
+    T, H, V = 300, 96, 1000
+    h, w, t = head_inputs(T=T, H=H, V=V, dtype=dtype)
+    kw = dict(multiplier=0.3, softcap=20.0, entropy=True, argmax=True, zsum=True, sq=True)
+    fused = slp.forward_all(h, w, t, **kw, logits=True)
+    got = slp.forward_all(h, w, t, **kw, logits=True, logits_gemm="triton")
+    for name, x, y in zip(fused._fields, fused, got, strict=True):
+        assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), name
+    gen = torch.Generator().manual_seed(3)
+    gl, ge = torch.randn(T, generator=gen), torch.randn(T, generator=gen)
+    args = (h, w, t, fused.lse, fused.mean_z, gl, ge, None)
+    for plan in ("vocab_chunks", "token_chunks"):
+        head = dict(multiplier=0.3, softcap=20.0, ignore_index=-100, plan=plan, token_chunk=256)
+        want = slp.backward(*args, **head)
+        for x, y in zip(want, slp.backward(*args, **head, logits_gemm="triton"), strict=True):
+            assert torch.equal(x, y), plan
+
+
+def test_cute_head_runs_the_logits_gemm_apart(emulated, apart):
+    """cute.fused's forward and g reach the CuTe GEMM as plain float32 products (no addend),
+    a chunk of columns at a time (float64 products here: close, not the kernel's bits)."""
+    T, H, V = 300, 8, 1000
+    h, w, t = head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16)
+    kw = dict(multiplier=0.3, softcap=20.0, ignore_index=-100)
+    ref = slp.forward_all(h, w, t, **kw)
+    got = slp.forward_all(h, w, t, **kw, logits_gemm="cute")
+    assert emulated == [(torch.float32, "none", False)] * 4  # 256 + 256 + 256 + 232 columns
+    assert torch.allclose(got.logprob, ref.logprob, rtol=1e-5, atol=1e-5)
+    emulated.clear()
+    gl = torch.randn(T, generator=torch.Generator().manual_seed(3))
+    args = (h, w, t, ref.lse, None, gl, None, None)
+    want = slp.backward(*args, **kw)
+    grads = slp.backward(*args, **kw, grad_gemm="cute", logits_gemm="cute")
+    assert emulated.count((torch.float32, "none", False)) == 4
+    for a, b in zip(grads, want, strict=True):
         rel = ((a.double() - b.double()).norm() / b.double().norm()).item()
         assert 0 < b.double().norm() and rel < 1e-2, rel
 
@@ -155,19 +207,32 @@ def test_cute_addend_epilogues_give_the_triton_gemms_bits(M, N, K):
         outs[name] = (acc, plain, last)
     for x, y in zip(outs["cute"], outs["triton"], strict=True):
         assert torch.equal(x, y)
+    accs = {}  # the logits' GEMM apart: a @ rows.T, float32 unrounded
+    for name, mm in slp.LOGITS_GEMMS.items():
+        accs[name] = torch.empty(M, N, device="cuda")
+        mm(a, b.T.contiguous(), accs[name])
+    assert torch.equal(accs["cute"], accs["triton"])
 
 
 @pytest.mark.gpu
 @needs_cute
 @pytest.mark.parametrize("plan", ["vocab_chunks", "token_chunks"])
-@pytest.mark.parametrize("T,H,V", [(300, 512, 9000), (1100, 256, 4200)])
-def test_cute_heads_give_triton_fused_bits(plan, T, H, V):
-    """Every output and both gradients of softcap_logprob (with entropy) and
-    linear_cross_entropy (label smoothing), cute against triton, bitwise."""
+@pytest.mark.parametrize("T,H,V", [(300, 512, 9000), (1100, 256, 4200), (2048, 1024, 20000)])
+@pytest.mark.parametrize("acc_bytes", [None, 4 * 2048 * 2048])
+def test_cute_heads_give_triton_fused_bits(plan, T, H, V, acc_bytes, monkeypatch):
+    """Every output and both gradients of softcap_logprob (with entropy, argmax, the sum of
+    squares) and linear_cross_entropy (label smoothing, token accuracy), cute against
+    triton, bitwise; with the logits' GEMM apart from T = ACC_MIN_T, or from any T in
+    chunks of 2048 columns or fewer (acc_bytes)."""
+    if acc_bytes is not None:
+        monkeypatch.setattr(slp, "ACC_MIN_T", 1)
+        monkeypatch.setattr(slp, "ACC_BYTES", acc_bytes)
     h, w, t = (x.cuda() for x in head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16, ignore=(1,)))
     calls = {
-        "softcap_logprob": dict(multiplier=0.3, softcap=20.0, return_entropy=True),
-        "linear_cross_entropy": dict(softcap=30.0, reduction="sum", label_smoothing=0.1),
+        "softcap_logprob": dict(multiplier=0.3, softcap=20.0, return_entropy=True,
+                                return_predicted=True, return_log_sum_sq_probs=True),
+        "linear_cross_entropy": dict(softcap=30.0, reduction="sum", label_smoothing=0.1,
+                                     return_token_accuracy=True),
     }
     for op, params in calls.items():
         runs = {}
@@ -178,7 +243,7 @@ def test_cute_heads_give_triton_fused_bits(plan, T, H, V):
             ran = dispatch.last_provenance().implementation
             assert ran == (HEADS if backend == "cute" else TRITON)[op]
             outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
-            diff = [o for o in outs if o.dtype == torch.float32]
+            diff = [o for o in outs if o.requires_grad]
             gen = torch.Generator(device="cuda").manual_seed(5)
             ups = [torch.randn(o.shape, device="cuda", generator=gen) for o in diff]
             runs[backend] = outs + list(torch.autograd.grad(diff, [hh, ww], ups))

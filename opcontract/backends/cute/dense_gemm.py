@@ -240,7 +240,7 @@ def gemm(
     ``addend`` (float32 [M, N], no bias): c = addend + the sum, or with ``seed`` the sum
     starts from addend instead of +0, ((addend + p_0) + p_1) + ..., so that calls over K
     ranges cut on 256-element chunks chain into one call's bits. ``out`` (a's dtype, or
-    float32 with an addend) receives c; it may be the addend itself.
+    float32: the sum unrounded) receives c; it may be the addend itself.
     """
     cfg = {**CONFIG, **(config or {})}
     M, K = a.shape
@@ -257,8 +257,8 @@ def gemm(
     elif seed:
         raise ValueError("seed needs an addend")
     out_dtype = a.dtype if out is None else out.dtype
-    if out_dtype not in (a.dtype, torch.float32) or (out_dtype != a.dtype and addend is None):
-        raise TypeError(f"out dtype {out_dtype}: {a.dtype}, or float32 with an addend")
+    if out_dtype not in (a.dtype, torch.float32):
+        raise TypeError(f"out dtype {out_dtype}: {a.dtype} or float32")
     if M == 0 or N == 0:
         return a.new_empty(M, N, dtype=out_dtype) if out is None else out
     if K == 0:  # an empty sum: +0 (+ bias) in float32, or the addend (+ 0), one cast

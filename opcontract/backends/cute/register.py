@@ -67,18 +67,18 @@ _CUTE_HEAD = dict(
 register(
     op="softcap_logprob",
     name="cute.fused",
-    forward=tslp.forward,
-    backward=functools.partial(tslp.logprob_backward, grad_gemm="cute"),
+    forward=functools.partial(tslp.forward, logits_gemm="cute"),
+    backward=functools.partial(tslp.logprob_backward, grad_gemm="cute", logits_gemm="cute"),
     plan=LOGPROB_PLAN,
-    summary="triton.fused's forward; the backward's GEMMs on the CuTe mainloop (same bits)",
+    summary="triton.fused's head with its GEMMs on the CuTe mainloop (same bits)",
     **_CUTE_HEAD,
 )
 register(
     op="linear_cross_entropy",
     name="cute.fused_ce",
-    forward=tlce.forward,
-    backward=functools.partial(tlce.backward, grad_gemm="cute"),
+    forward=functools.partial(tlce.forward, logits_gemm="cute"),
+    backward=functools.partial(tlce.backward, grad_gemm="cute", logits_gemm="cute"),
     plan=CE_PLAN,
-    summary="triton.fused_ce's forward; the backward's GEMMs on the CuTe mainloop (same bits)",
+    summary="triton.fused_ce's head with its GEMMs on the CuTe mainloop (same bits)",
     **_CUTE_HEAD,
 )

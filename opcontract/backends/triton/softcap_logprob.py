@@ -140,11 +140,16 @@ def forward_all(
     config=None,
     _pinned=None,
     temperature=1.0,
+    logits_gemm=None,
 ):
     """HeadResult of [T] tensors; entropy/mean_z, predicted, smooth/mean_logits (``zsum``) and
     log_sum_sq_probs (``sq``) only when asked for;
     with ``logits`` also z [T, V] float32, stored by the partials kernel from the very tile
     values it reduces (the sampler head).
+
+    ``logits_gemm`` (a key of LOGITS_GEMMS, from ACC_MIN_T rows): the logits' GEMM runs apart
+    into a float32 acc, a vocabulary chunk at a time, and the partials kernel reads it (the
+    same acc and the same epilogue, so the same bits).
 
     ``config`` takes keys of CONFIG_SPACE. ``_pinned`` overrides the contract-pinned blocks
     (``block_v``, ``block_k``, ``promote``: K steps per promoted partial, 0 for never):
@@ -210,7 +215,33 @@ def forward_all(
     schedule = cfg["schedule"]
     if schedule not in CONFIG_SPACE["schedule"]:
         raise ValueError(f"unknown schedule {schedule!r}; one of {CONFIG_SPACE['schedule']}")
-    if schedule == "tma" and _tma_ok(hidden, weight):
+    if logits_gemm is not None and T >= ACC_MIN_T and not _pinned:
+        mm = LOGITS_GEMMS[logits_gemm]
+        zero = torch.zeros(max(block_v, 16), dtype=hidden.dtype, device=dev)
+        width = acc_columns(T, V)
+        buf = torch.empty(T * width, **f32)
+        for c0 in range(0, V, width):  # any width: each tile's partials are its own
+            n = min(width, V - c0)
+            acc = buf[: T * n].view(T, n)
+            mm(hidden, weight[c0 : c0 + n], acc)
+            launch(
+                k._partials_from_acc_kernel,
+                (cdiv(T, bt) * cdiv(n, block_v),),
+                acc,
+                acc.stride(0),
+                zero,
+                *outs,
+                T,
+                V,
+                c0,
+                n,
+                *scalars[:2],
+                **{f: flags[f] for f in ("HAS_CAP", "ENTROPY", "ARGMAX", "ZSUM", "SQ")},
+                **{f: flags[f] for f in ("LOGITS", "INTERPRET", "BLOCK_T", "BLOCK_V")},
+                GROUP_T=cfg["group_t"],
+                num_warps=cfg["num_warps"],
+            )
+    elif schedule == "tma" and _tma_ok(hidden, weight):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         launch(
@@ -340,6 +371,31 @@ def _mm_cute(a, b, c, *, accumulate=False, seeded=False, out=None):
 GRAD_GEMMS = {"triton": _mm_triton, "cute": _mm_cute}
 
 
+def _logits_triton(hidden, weight_rows, acc):
+    """acc [T, n] float32 = hidden @ weight_rows.T by ``_gemm``: the partials kernels' gemm_k."""
+    _mm_triton(hidden, weight_rows.T, acc)
+
+
+def _logits_cute(hidden, weight_rows, acc):
+    """``_logits_triton`` on the CuTe DSL GEMM (the same promoted partials, the same acc)."""
+    from opcontract.backends.cute.dense_gemm import gemm
+
+    gemm(hidden, weight_rows, out=acc)
+
+
+# The logits' GEMM apart from the epilogue (``logits_gemm``): from ACC_MIN_T rows, where the
+# float32 acc round trip (T x ACC_BYTES per vocabulary chunk) is small beside the GEMM.
+LOGITS_GEMMS = {"triton": _logits_triton, "cute": _logits_cute}
+ACC_MIN_T = 1024
+ACC_BYTES = 256 << 20
+
+
+def acc_columns(T: int, V: int) -> int:
+    """Vocabulary columns of one float32 acc chunk: within ACC_BYTES, a multiple of BLOCK_V."""
+    fit = ACC_BYTES // (4 * max(T, 1)) // BLOCK_V * BLOCK_V
+    return min(max(BLOCK_V, fit), cdiv(V, BLOCK_V) * BLOCK_V)
+
+
 def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, int]:
     """Bytes each backward plan allocates beyond its inputs and the gradients it returns:
     vocab_chunks g [T, GRAD_CHUNK] (input dtype) and grad_hidden's float32 [T, H];
@@ -355,9 +411,11 @@ def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, i
 
 # fmt: off
 def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg, *,
-                 multiplier, softcap, ignore_index, entropy, smooth, temperature=1.0):
+                 multiplier, softcap, ignore_index, entropy, smooth, temperature=1.0,
+                 logits_gemm=None):
     """g[:, :n] = the logits' gradient of vocabulary columns [c0, c0 + n) for hidden's rows,
-    in the input dtype (the forward's tiles: the same z, bit for bit)."""
+    in the input dtype (the forward's tiles: the same z, bit for bit). ``logits_gemm``: the
+    acc from that GEMM apart (see forward_all), g from it elementwise."""
     from opcontract.backends.triton import softcap_logprob_kernels as k
 
     T, H = hidden.shape
@@ -365,6 +423,23 @@ def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg
     block_k = BLOCK_K[_dtype(hidden)]
     scale, cap = _scalars(multiplier, softcap, temperature)
     dz = head_constants(multiplier, softcap, temperature)[2]
+    if logits_gemm is not None and T >= ACC_MIN_T:
+        mm = LOGITS_GEMMS[logits_gemm]
+        width = min(acc_columns(T, V), cdiv(n, BLOCK_V) * BLOCK_V)
+        buf = torch.empty(T * width, dtype=torch.float32, device=hidden.device)
+        for v0 in range(c0, c0 + n, width):
+            w = min(width, c0 + n - v0)
+            acc = buf[: T * w].view(T, w)
+            mm(hidden, weight[v0:v0 + w], acc)
+            launch(
+                k._grad_logits_from_acc_kernel, (cdiv(T, cfg["block_t"]) * cdiv(w, BLOCK_V),),
+                acc, acc.stride(0), targets, lse, mean_z if mean_z is not None else lse,
+                gl, ge, gs, g, T, V, g.stride(0), v0, w, c0,
+                scale, cap, float(dz), int(ignore_index),
+                HAS_CAP=softcap is not None, ENTROPY=entropy, SMOOTH=smooth,
+                BLOCK_T=cfg["block_t"], BLOCK_V=BLOCK_V, GROUP_T=cfg["group_t"],
+                num_warps=cfg["num_warps"])
+        return
     grid = (cdiv(T, cfg["block_t"]) * cdiv(n, BLOCK_V),)
     launch(
         k._grad_logits_kernel, grid,
@@ -379,9 +454,10 @@ def _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg
 
 def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, grad_smooth, *,
              multiplier, softcap, ignore_index, need_hidden=True, need_weight=True,
-             plan="vocab_chunks", token_chunk=1024, temperature=1.0, grad_gemm="triton"):
+             plan="vocab_chunks", token_chunk=1024, temperature=1.0, grad_gemm="triton",
+             logits_gemm=None):
     """(grad_hidden, grad_weight) by one of the equal-bits plans (see PLANS), their GEMMs on
-    ``grad_gemm`` (GRAD_GEMMS: equal bits).
+    ``grad_gemm`` (GRAD_GEMMS: equal bits), g's logits by ``logits_gemm`` (see forward_all).
 
     vocab_chunks: per vocabulary chunk, ascending, g recomputed and rounded to the input
     dtype; grad_weight[chunk] = g.T @ hidden written once; grad_hidden summed chunk by chunk
@@ -407,7 +483,7 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
     gs = grad_smooth.float().contiguous() if grad_smooth is not None else gl
     head = dict(multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
                 entropy=grad_entropy is not None, smooth=grad_smooth is not None,
-                temperature=temperature)
+                temperature=temperature, logits_gemm=logits_gemm)
     if plan == "token_chunks":
         return _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg,
                                       head, need_hidden, need_weight, token_chunk, mm)
@@ -457,21 +533,22 @@ def _backward_token_chunks(hidden, weight, targets, lse, mean_z, gl, ge, gs, cfg
 
 def forward(config, hidden, weight, targets, *, multiplier, softcap, ignore_index,
             return_entropy, return_predicted, temperature=1.0, return_mean_logits=False,
-            return_log_sum_sq_probs=False):
+            return_log_sum_sq_probs=False, logits_gemm=None):
     """(logprob, entropy, predicted, mean_logits, log_sum_sq_probs, lse, mean_z) in the
     contract's order; None where not asked for."""
     r = forward_all(hidden, weight, targets, multiplier=multiplier, softcap=softcap,
                     ignore_index=ignore_index, entropy=return_entropy, argmax=return_predicted,
                     zsum=return_mean_logits, sq=return_log_sum_sq_probs, config=config,
-                    temperature=temperature)
+                    temperature=temperature, logits_gemm=logits_gemm)
     return (r.logprob, r.entropy, r.predicted, r.mean_logits, r.log_sum_sq_probs, r.lse,
             r.mean_z)
 
 
 def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multiplier,
-                  softcap, ignore_index, temperature=1.0, grad_gemm="triton"):
+                  softcap, ignore_index, temperature=1.0, grad_gemm="triton", logits_gemm=None):
     """{hidden, weight} of the head, for softcap_logprob's and linear_cross_entropy's grads,
-    by the config's backward plan, its GEMMs on ``grad_gemm``."""
+    by the config's backward plan, its GEMMs on ``grad_gemm``, g's logits by
+    ``logits_gemm``."""
     lse = saved["lse"]
     gh, gw = backward(
         saved["hidden"], saved["weight"], saved["targets"], lse,
@@ -481,18 +558,19 @@ def head_backward(config, saved, g_logprob, g_entropy, g_smooth, needs, *, multi
         need_hidden=needs["hidden"], need_weight=needs["weight"],
         plan=config.get("backward_plan", _BASE["backward_plan"]),
         token_chunk=config.get("token_chunk", _BASE["token_chunk"]), temperature=temperature,
-        grad_gemm=grad_gemm)
+        grad_gemm=grad_gemm, logits_gemm=logits_gemm)
     return {"hidden": gh, "weight": gw}
 
 
 def logprob_backward(config, saved, grads, needs, *, multiplier, softcap, ignore_index,
                      return_entropy, return_predicted, temperature=1.0,
                      return_mean_logits=False, return_log_sum_sq_probs=False,
-                     grad_gemm="triton"):
+                     grad_gemm="triton", logits_gemm=None):
     g_ent = grads["entropy"] if return_entropy else None
     return head_backward(config, saved, grads["logprob"], g_ent, None, needs,
                          multiplier=multiplier, softcap=softcap, ignore_index=ignore_index,
-                         temperature=temperature, grad_gemm=grad_gemm)
+                         temperature=temperature, grad_gemm=grad_gemm,
+                         logits_gemm=logits_gemm)
 
 
 def explore_forward(hidden, weight, targets, *, _pinned, multiplier=1.0, softcap=None,

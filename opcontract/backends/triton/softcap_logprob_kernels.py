@@ -256,21 +256,10 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_
 
 
 @triton.jit
-def _grad_logits_kernel(h_ptr, w_ptr, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, gs_ptr, g_ptr,
-                        T, V, H, stride_h, stride_w, stride_g, v_first, n_cols,
-                        scale, softcap, multiplier, ignore_index, zero,
-                        HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, SMOOTH: tl.constexpr,
-                        INTERPRET: tl.constexpr, PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_T: tl.constexpr):
-    """g[t, v - v_first] = dz/dacc * dL/dz for the chunk's columns, in g's dtype."""
-    pid_t, pid_local = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T),
-                                    tl.cdiv(n_cols, BLOCK_V), GROUP_T)
-    pid_v = v_first // BLOCK_V + pid_local
-    acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
-                                INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
-    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+def _grad_tile(acc, rows, cols, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, gs_ptr, g_ptr,
+               T, V, stride_g, v_first, n_cols, scale, softcap, multiplier, ignore_index,
+               HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, SMOOTH: tl.constexpr):
+    """Store g = dz/dacc * dL/dz of one acc tile (global rows and columns) in g's dtype."""
     row_ok = rows < T
     col_ok = (cols < V) & (cols < v_first + n_cols)
     z, t = _capped(acc, scale, softcap, HAS_CAP)
@@ -294,3 +283,85 @@ def _grad_logits_kernel(h_ptr, w_ptr, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr,
     g_ptrs = g_ptr + rows.to(tl.int64)[:, None] * stride_g + (cols - v_first)[None, :]
     tl.store(g_ptrs, g.to(g_ptr.dtype.element_ty),
              mask=row_ok[:, None] & ((cols - v_first) < n_cols)[None, :])
+
+
+@triton.jit
+def _grad_logits_kernel(h_ptr, w_ptr, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, gs_ptr, g_ptr,
+                        T, V, H, stride_h, stride_w, stride_g, v_first, n_cols,
+                        scale, softcap, multiplier, ignore_index, zero,
+                        HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr, SMOOTH: tl.constexpr,
+                        INTERPRET: tl.constexpr, PROMOTE: tl.constexpr, EVEN_K: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_T: tl.constexpr):
+    """g[t, v - v_first] = dz/dacc * dL/dz for the chunk's columns, in g's dtype."""
+    pid_t, pid_local = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T),
+                                    tl.cdiv(n_cols, BLOCK_V), GROUP_T)
+    pid_v = v_first // BLOCK_V + pid_local
+    acc = _logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v, zero,
+                                INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    _grad_tile(acc, rows, cols, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, gs_ptr, g_ptr,
+               T, V, stride_g, v_first, n_cols, scale, softcap, multiplier, ignore_index,
+               HAS_CAP, ENTROPY, SMOOTH)
+
+
+# From a stored acc: the logits' GEMM run apart (the CuTe mainloop, with the same promoted
+# partials, so the same acc), acc[T, n_cols] float32 for columns [v_first, v_first + n_cols),
+# v_first a multiple of BLOCK_V. The epilogues are the fused kernels' own functions.
+
+@triton.jit
+def _load_acc_tile(acc_ptr, stride_acc, T, rows, local_cols, n_cols, zero_ptr,
+                   INTERPRET: tl.constexpr, MMA_LAYOUT: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_V: tl.constexpr):
+    """One [BLOCK_T, BLOCK_V] acc tile (0 past T and n_cols). MMA_LAYOUT: the tile is passed
+    through a tensor-core dot of zeros (acc + 0 = acc: the running sum is never -0), which
+    gives it the accumulator layout of the fused kernels' dot, so the epilogue's row sums
+    take their thread and lane order."""
+    ptrs = acc_ptr + rows.to(tl.int64)[:, None] * stride_acc + local_cols[None, :]
+    acc = tl.load(ptrs, mask=(rows < T)[:, None] & (local_cols < n_cols)[None, :], other=0.0)
+    if MMA_LAYOUT and not INTERPRET:
+        za = tl.load(zero_ptr + tl.arange(0, BLOCK_T)[:, None] * 0 + tl.arange(0, 16)[None, :])
+        zb = tl.load(zero_ptr + tl.arange(0, 16)[:, None] * 0 + tl.arange(0, BLOCK_V)[None, :])
+        acc = tl.dot(za, zb, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _partials_from_acc_kernel(acc_ptr, stride_acc, zero_ptr, t_ptr, pmax_ptr, psum_ptr,
+                              pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr, z_ptr,
+                              T, V, v_first, n_cols, scale, softcap,
+                              HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
+                              ARGMAX: tl.constexpr, ZSUM: tl.constexpr, SQ: tl.constexpr,
+                              LOGITS: tl.constexpr, INTERPRET: tl.constexpr,
+                              BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                              GROUP_T: tl.constexpr):
+    pid_t, pid_local = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T),
+                                    tl.cdiv(n_cols, BLOCK_V), GROUP_T)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    local_cols = pid_local * BLOCK_V + tl.arange(0, BLOCK_V)
+    acc = _load_acc_tile(acc_ptr, stride_acc, T, rows, local_cols, n_cols, zero_ptr,
+                         INTERPRET, True, BLOCK_T, BLOCK_V)
+    _tile_partials(acc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr,
+                   z_ptr, T, V, pid_t, v_first // BLOCK_V + pid_local, scale, softcap, HAS_CAP,
+                   ENTROPY, ARGMAX, ZSUM, SQ, LOGITS, BLOCK_T, BLOCK_V)
+
+
+@triton.jit
+def _grad_logits_from_acc_kernel(acc_ptr, stride_acc, t_ptr, lse_ptr, meanz_ptr, gl_ptr,
+                                 ge_ptr, gs_ptr, g_ptr, T, V, stride_g, v_first, n_cols,
+                                 g_first, scale, softcap, multiplier, ignore_index,
+                                 HAS_CAP: tl.constexpr, ENTROPY: tl.constexpr,
+                                 SMOOTH: tl.constexpr, BLOCK_T: tl.constexpr,
+                                 BLOCK_V: tl.constexpr, GROUP_T: tl.constexpr):
+    """``_grad_logits_kernel`` from a stored acc (elementwise: no layout to match); g's
+    column 0 is vocabulary column g_first."""
+    pid_t, pid_local = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T),
+                                    tl.cdiv(n_cols, BLOCK_V), GROUP_T)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    local_cols = pid_local * BLOCK_V + tl.arange(0, BLOCK_V)
+    acc = _load_acc_tile(acc_ptr, stride_acc, T, rows, local_cols, n_cols, acc_ptr,
+                         True, False, BLOCK_T, BLOCK_V)
+    _grad_tile(acc, rows, v_first + local_cols, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr,
+               gs_ptr, g_ptr + (v_first - g_first), T, V, stride_g, v_first, n_cols, scale,
+               softcap, multiplier, ignore_index, HAS_CAP, ENTROPY, SMOOTH)
