@@ -145,9 +145,16 @@ for s in "$@"; do
                 --out "$OUT/decode_gpu_profile_h200.json" ;;
         cute-head)  # the CuTe heads against triton.fused bitwise, then their training time
             stage cute-head-tests 330 python3 -m pytest -q -m gpu "$TREE/tests/test_cute_head.py" \
-                "$TREE/tests/test_cute_backend.py" -p no:cacheprovider
-            stage cute-head-train 400 python3 benchmarks/softcap_logprob_train.py --T ${HEAD_T:-8192} \
-                --rep-ms 400 --backend cute.fused --out "$OUT/softcap_logprob_train_cute_${LABEL}.json" ;;
+                -p no:cacheprovider
+            stage cute-head-train 300 python3 benchmarks/softcap_logprob_train.py \
+                --T ${HEAD_T:-8192 16384} --rep-ms 400 --backend cute.fused \
+                --out "$OUT/softcap_logprob_train_cute_${LABEL}.json" ;;
+        cute-head-forward)  # the forward alone, the CuTe head and triton.fused in one call
+            for b in cute.fused triton.fused; do
+                stage "forward-$b" 200 python3 benchmarks/softcap_logprob_forward.py \
+                    --T 2048 8192 16384 --rep-ms 200 --backend "$b" \
+                    --out "$OUT/softcap_logprob_forward_${b/./_}_${LABEL}.json"
+            done ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
