@@ -54,12 +54,15 @@ def _head_libraries() -> str | None:
 
 # The LM head with its backward's GEMMs (grad_weight = g.T @ hidden; grad_hidden summed over
 # vocabulary chunks in a float32 buffer, or grad_weight over token chunks) on the CuTe
-# mainloop, through its float32 addend epilogues; the forward and the logits' gradient g are
-# triton.fused's kernels. The GEMMs' numerics are Triton's (256-element promoted partials, the
-# float32 sums added in the same order), so every output and gradient is triton.fused's, bit
-# for bit (tests/test_cute_head.py, passed on the H200). Above triton.fused (20): where both
-# may serve and no table times them, the CuTe head serves (1.08x faster forward+backward at
-# T = 8192, benchmarks/results/softcap_logprob_train_cute_h200.json).
+# mainloop, through its float32 addend epilogues; from ACC_MIN_T rows the forward's logits GEMM
+# too (the partials read its float32 acc back); the logits' gradient g is triton.fused's
+# kernel. The GEMMs' numerics are Triton's (256-element promoted partials, the float32 sums
+# added in the same order), so every output and gradient is triton.fused's, bit for bit
+# (tests/test_cute_head.py, on the H200 and H100). Above triton.fused (20): where both may serve
+# and no table times them, the CuTe head serves. g from a CuTe acc (backward's logits_gemm)
+# stays off: on the H100 it moved 8 grad_weight elements of linear_cross_entropy (label
+# smoothing, T = 300, vocab_chunks), cause not found
+# (benchmarks/results/cute_head_g_parity_h100.json).
 _CUTE_HEAD = dict(
     HEAD,
     **{**_CUTE, "available": _head_libraries, "priority": {"cuda": 30}},
@@ -68,7 +71,7 @@ register(
     op="softcap_logprob",
     name="cute.fused",
     forward=functools.partial(tslp.forward, logits_gemm="cute"),
-    backward=functools.partial(tslp.logprob_backward, grad_gemm="cute", logits_gemm="cute"),
+    backward=functools.partial(tslp.logprob_backward, grad_gemm="cute"),
     plan=LOGPROB_PLAN,
     summary="triton.fused's head with its GEMMs on the CuTe mainloop (same bits)",
     **_CUTE_HEAD,
@@ -77,7 +80,7 @@ register(
     op="linear_cross_entropy",
     name="cute.fused_ce",
     forward=functools.partial(tlce.forward, logits_gemm="cute"),
-    backward=functools.partial(tlce.backward, grad_gemm="cute", logits_gemm="cute"),
+    backward=functools.partial(tlce.backward, grad_gemm="cute"),
     plan=CE_PLAN,
     summary="triton.fused_ce's head with its GEMMs on the CuTe mainloop (same bits)",
     **_CUTE_HEAD,

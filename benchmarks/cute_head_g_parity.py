@@ -1,0 +1,63 @@
+"""Where g computed from a CuTe acc (the backward's ``logits_gemm="cute"``) leaves
+triton.fused's bits: linear_cross_entropy's head at T = 300, H 512, V 9000, soft cap 30,
+label smoothing 0.1 (reduction sum), both plans; the forward with the acc apart beside it.
+
+    python benchmarks/cute_head_g_parity.py --out results.json
+
+Reported: for each forward output, and for each (logits_gemm, grad_gemm) pair of the
+backward, the number of elements that differ from the fused Triton kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from common import env_stamp, write  # noqa: E402
+from helpers import head_inputs  # noqa: E402
+
+from opcontract.backends import linear_cross_entropy as lce  # noqa: E402
+from opcontract.backends.triton import softcap_logprob as slp  # noqa: E402
+
+NAMES = ("grad_hidden", "grad_weight")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    T, H, V = 300, 512, 9000
+    h, w, t = (x.cuda() for x in head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16, ignore=(1,)))
+    kw = dict(multiplier=1.0, softcap=30.0, ignore_index=-100)
+    slp.ACC_MIN_T, slp.ACC_BYTES = 1, 4 * 2048 * 2048
+    runs = {lg: slp.forward_all(h, w, t, **kw, argmax=True, zsum=True, logits_gemm=lg)
+            for lg in (None, "cute")}  # fmt: skip
+    fields = zip(runs[None]._fields, runs[None], runs["cute"], strict=True)
+    forward = {f: int((x != y).sum()) for f, x, y in fields if x is not None}
+    g_lp, g_sm = lce.head_grads(torch.tensor(1.7, device="cuda"), t, ignore_index=-100,
+                                reduction="sum", label_smoothing=0.1)  # fmt: skip
+    backward = []
+    for plan in ("vocab_chunks", "token_chunks"):
+        base = None
+        for lg, gg in ((None, "triton"), (None, "cute"), ("cute", "cute"), ("cute", "triton")):
+            got = slp.backward(h, w, t, runs[None].lse, None, g_lp, None, g_sm, **kw, plan=plan,
+                               token_chunk=512, grad_gemm=gg, logits_gemm=lg)  # fmt: skip
+            base = got if base is None else base
+            differing = {n: int((a != b).sum()) for n, a, b in zip(NAMES, got, base, strict=True)}
+            backward.append(
+                {"plan": plan, "logits_gemm": lg, "grad_gemm": gg, "differing": differing}
+            )
+            print(backward[-1], flush=True)
+    write(args.out, {"benchmark": "cute_head_g_parity", "env": env_stamp(),
+                     "shape": {"T": T, "H": H, "V": V}, "forward_differing": forward,
+                     "backward": backward})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
