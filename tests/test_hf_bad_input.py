@@ -184,18 +184,25 @@ def test_logits_to_keep_alone_keeps_the_last_positions_bitwise():
     assert torch.equal(last.lse, full.lse[:, -2:])
 
 
-def test_packed_rows_without_a_mask_are_refused_naming_position_ids():
+def test_packed_rows_without_a_mask_are_read_as_their_sequences():
     """TRL's padding-free packing hands position ids that restart within a row and no mask:
-    positions come from the mask alone, so this is refused rather than silently read as one
-    sequence; position ids that agree (0 .. L - 1) are accepted, with the same bits."""
+    each run is its own sequence (never silently one), through the plain forward and the
+    fused head alike (tests/test_hf_packed.py has the rest); with a KV cache they are refused
+    naming position_ids; position ids that agree (0 .. L - 1) give the same bits."""
     ids, _ = left_padded([8], seed=2)
     model = oc_trl.install_head(patched())
     packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
     labels = ids.clone()
+    labels[packed == 0] = -100
+    with torch.no_grad():
+        logits = model(input_ids=ids, position_ids=packed).logits
+        fused = model(input_ids=ids, position_ids=packed, labels=labels, fused_lm_head=True)
+        for a, b in ((0, 3), (3, 8)):
+            assert torch.equal(logits[:, a:b], model(input_ids=ids[:, a:b]).logits)
+            want = token_logprobs(model, ids[:, a:b])
+            assert torch.equal(fused.log_probs[:, a : b - 1], want)
     with pytest.raises(ValueError, match="position_ids"):
-        model(input_ids=ids, position_ids=packed)
-    with pytest.raises(ValueError, match="position_ids"):
-        model(input_ids=ids, position_ids=packed, labels=labels, fused_lm_head=True)
+        model(input_ids=ids, position_ids=packed, use_cache=True)
     with torch.no_grad():
         plain = model(input_ids=ids).logits
         same = model(input_ids=ids, position_ids=torch.arange(8)[None]).logits

@@ -53,7 +53,11 @@ from opcontract import dispatch
 from opcontract.backends.placement import on_device
 from opcontract.integrations import lora
 from opcontract.integrations.cache_base import LayerKindsCache, OpcontractPatchError
-from opcontract.integrations.positions import positions_from_mask
+from opcontract.integrations.positions import (
+    Packing,
+    packing_from_position_ids,
+    positions_from_mask,
+)
 from opcontract.integrations.static_cache import CacheStep, OpcontractStaticCache, require
 from opcontract.outputs import LogprobOutput
 
@@ -242,6 +246,7 @@ def _gated_attention(
     dropout: float = 0.0,
     backend: str | None = None,
     opcontract_step: CacheStep | None = None,
+    opcontract_packing: Packing | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The attention function registered as "opcontract": gated_attention over query
@@ -254,6 +259,15 @@ def _gated_attention(
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     B, Lq = q.shape[:2]
     kind = "local" if sliding_window else "global"
+    if opcontract_packing is not None:  # whole sequences back to back in each row
+        if past_key_values is not None or getattr(module, "_opcontract_attention", None):
+            raise OpcontractPatchError(
+                "packed sequences: a training forward without a KV cache or tensor parallelism"
+            )
+        flat = [t.reshape(B * Lq, *t.shape[2:]) for t in (q, k, v, gate)]
+        out = _attention.packed(*flat, opcontract_packing.cu_seqlens, layer=kind,
+                                window=sliding_window, scale=scaling, backend=backend)  # fmt: skip
+        return out.reshape(B, Lq, *out.shape[1:]), None
     if isinstance(past_key_values, OpcontractStaticCache):
         if opcontract_step is None:
             raise OpcontractPatchError("OpcontractStaticCache: the attention got no step (call "
@@ -440,7 +454,15 @@ def _patch_attention(
             seen = past_key_values.get_seq_length(self.layer_idx) if past_key_values else 0
             mask = torch.ones(B, seen + L, dtype=torch.bool, device=q.device)
         cp = getattr(self, "_opcontract_cp", None)  # opcontract.parallel.context's chunk
-        if step is not None:
+        packing = kwargs.get(PACKING_KWARG)
+        if packing is not None:
+            if step is not None or cp is not None or past_key_values is not None:
+                raise OpcontractPatchError(
+                    "packed sequences: a training forward without a KV cache or context "
+                    "parallelism"
+                )
+            pos = packing.positions
+        elif step is not None:
             pos = step.positions.clamp(min=0)  # padding's never read
         elif cp is None and isinstance(past_key_values, OpcontractKVCache):
             pos = past_key_values.query_positions(self.layer_idx, mask, q.device)  # host
@@ -470,6 +492,7 @@ def _patch_attention(
             dropout=self.attention_dropout if self.training else 0.0,
             backend=backend,
             opcontract_step=step,
+            opcontract_packing=packing,
         )
         return _proj(self, "o_proj", where)(out.reshape(B, L, -1)), None
 
@@ -612,7 +635,7 @@ def _check_position_ids(
 ):
     """Explicit position ids must be the mask's (on real tokens): positions have one source.
     Without a mask every token is real: positions offset .. offset + L - 1 (offset: the
-    columns already cached), so packed rows (position ids restarting) are refused too."""
+    columns already cached). Packed rows (position ids restarting) are ``_packing``'s."""
     if position_ids is None:
         return
     if mask is None:
@@ -624,8 +647,29 @@ def _check_position_ids(
     if bool(((got != want) & (want >= 0)).any()):  # one read-back
         raise ValueError(
             "opcontract derives positions from the attention mask (cumsum(mask) - 1); the "
-            "position_ids given disagree on real tokens (packed sequences are not supported)"
+            "position_ids given disagree on real tokens (packed sequences, position ids "
+            "restarting within a row, are served in training forwards without padding or a "
+            "KV cache)"
         )
+
+
+PACKING_KWARG = "opcontract_packing"  # the text model's kwarg that carries a Packing
+
+
+def _packing(position_ids: torch.Tensor | None, mask: torch.Tensor | None, ref: torch.Tensor,
+             seen: int = 0, cache: bool = False) -> dict[str, Packing]:  # fmt: skip
+    """{PACKING_KWARG: Packing} for a padding-free training batch (position ids restarting
+    within a row: whole sequences back to back, as TRL's ``padding_free`` collator makes
+    them), else {} after ``_check_position_ids``: with padding in the mask, or a KV cache
+    (generation), positions are the mask's, and restarting position ids a ValueError."""
+    B, L = ref.shape[:2]
+    if position_ids is not None and not cache and seen == 0:
+        if mask is None or bool(mask.to(torch.bool).all()):  # padding: the mask's positions
+            packing = packing_from_position_ids(position_ids, B)
+            if packing is not None:
+                return {PACKING_KWARG: packing}
+    _check_position_ids(position_ids, mask, L, seen)
+    return {}
 
 
 def _to_host(mask: torch.Tensor, position_ids: torch.Tensor | None) -> tuple:
@@ -786,7 +830,8 @@ def _patch_top(model: nn.Module, backend: str | None) -> None:
         if isinstance(past_key_values, OpcontractKVCache) and attention_mask is not None:
             host_mask, position_ids = _to_host(attention_mask, position_ids)  # one read-back
         mask = attention_mask if host_mask is None else host_mask
-        _check_position_ids(position_ids, mask, ref.shape[1], seen)
+        cache = past_key_values is not None or bool(use_cache)
+        kwargs.update(_packing(position_ids, mask, ref, seen, cache))
         if labels is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
             raise ValueError(
                 f"logits_to_keep={logits_to_keep!r} with labels: the labels loss covers every "

@@ -200,9 +200,8 @@ def install_head(
         kwargs.pop("logits_to_keep", None)
         ids = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         _hf._check_embedding(self)
-        _hf._check_position_ids(kwargs.get("position_ids"), kwargs.get("attention_mask"),
-                                ids.shape[1])  # fmt: skip
-        hidden = self.model(**kwargs, use_cache=False).last_hidden_state
+        packing = _hf._packing(kwargs.get("position_ids"), kwargs.get("attention_mask"), ids)
+        hidden = self.model(**kwargs, **packing, use_cache=False).last_hidden_state
         if shift_labels is None:
             hidden, tgt = hidden[:, :-1], labels[:, 1:]
         else:
