@@ -126,7 +126,8 @@ def test_packed_batches_it_cannot_serve_are_refused():
         model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 3, 2, 3, 4]]))
 
 
-def test_sft_trainer_packing_through_opcontract(packed_calls):
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_sft_trainer_packing_through_opcontract(bf16, packed_calls):
     """TRL 1.16's SFTTrainer with packing (BFD: padding-free, one flattened row a step) and
     opcontract's head: the trainer's log-probs are each sequence's own, bitwise, and the
     packed path ran."""
@@ -137,7 +138,7 @@ def test_sft_trainer_packing_through_opcontract(packed_calls):
 
     model = apply_opcontract(tiny_muse_glimmer(eos_token_id=EOS), backend="torch")
     args = trl.SFTConfig(output_dir="/tmp/opcontract-sft-packed", max_steps=2,
-                         per_device_train_batch_size=4, learning_rate=1e-3, bf16=False,
+                         per_device_train_batch_size=4, learning_rate=1e-3, bf16=bf16,
                          packing=True, max_length=24, **COMMON)  # fmt: skip
     from opcontract.integrations.tiny import tiny_tokenizer
 
@@ -148,7 +149,8 @@ def test_sft_trainer_packing_through_opcontract(packed_calls):
 
     def hook(module, _args, kwargs, out):
         if kwargs.get("fused_lm_head"):
-            with torch.no_grad():
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+            with torch.no_grad(), autocast:  # the reference under the trainer's autocast
                 ids, pos = kwargs["input_ids"], kwargs["position_ids"]
                 starts = (pos[0] == 0).nonzero().flatten().tolist() + [pos.shape[1]]
                 want = [token_logprobs(module, ids[:, a:b]) for a, b in pairwise(starts)]
