@@ -126,9 +126,31 @@ def test_generate_with_logprobs_refuses_what_it_cannot_record():
     with pytest.raises(OpcontractPatchError, match="not patched"):
         generate_with_logprobs(tiny_muse_glimmer(), ids, mask, max_new_tokens=2)
     model = apply_opcontract(tiny_muse_glimmer(), backend="torch")
-    with pytest.raises(ValueError, match="num_return_sequences=2"):
-        generate_with_logprobs(model, ids, mask, max_new_tokens=2, num_return_sequences=2,
-                               do_sample=True)  # fmt: skip
+    with pytest.raises(ValueError, match="num_beams=2"):
+        generate_with_logprobs(model, ids, mask, max_new_tokens=2, num_beams=2)
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(num_beams=3, max_new_tokens=2)  # beams from the config too
+    with pytest.raises(ValueError, match="num_beams=3"):
+        generate_with_logprobs(model, ids, mask, generation_config=config)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rollout_with_several_samples_per_prompt(dtype):
+    """num_return_sequences=3, sampled: generate repeats each left-padded prompt; every
+    sampled token's recorded log-prob equals the training forward's over the finished rows
+    (each with its prompt's mask), bitwise."""
+    model = apply_opcontract(tiny_muse_glimmer(dtype), backend="torch")
+    ids, mask = left_padded(LENS)
+    torch.manual_seed(3)
+    ro = generate_with_logprobs(model, ids, mask, max_new_tokens=NEW, do_sample=True,
+                                num_return_sequences=3)  # fmt: skip
+    assert ro.sequences.shape == (3 * len(LENS), ids.shape[1] + NEW)
+    assert torch.equal(ro.sequences[:, : ids.shape[1]], ids.repeat_interleave(3, dim=0))
+    assert torch.equal(ro.attention_mask[:, : ids.shape[1]], mask.repeat_interleave(3, dim=0))
+    assert ro.logprobs.shape == (3 * len(LENS), NEW)
+    assert torch.equal(ro.logprobs, train_logprobs(model, ro, ids.shape[1]))
+    assert len({tuple(r) for r in ro.sequences.tolist()}) > len(LENS)  # the samples differ
 
 
 def test_rollout_equals_trls_trainer_and_stock_does_not():

@@ -1132,7 +1132,9 @@ def generate_with_logprobs(
     **generate_kwargs: Any,
 ) -> Rollout:
     """``model.generate(...)`` on a patched model, recording each generated token's log-prob
-    from opcontract's head as it is sampled (greedy or sampled; left-padded prompts).
+    from opcontract's head as it is sampled (greedy or sampled; left-padded prompts;
+    ``num_return_sequences`` samples per prompt, rows in generate's order: prompt 0's first).
+    Beam search (``num_beams`` > 1, given or in the generation config) is refused.
 
     A forward hook keeps the last position's float32 logits and lse of each step; the next
     step's input token is the one sampled from them, so its log-prob is taken then (and the
@@ -1146,10 +1148,11 @@ def generate_with_logprobs(
     model = lora.unwrap(model)  # PeftModel.generate is its model's, adapters active
     if not is_patched(model):
         raise OpcontractPatchError("generate_with_logprobs: the model is not patched")
-    for name in ("num_beams", "num_return_sequences"):
-        if generate_kwargs.get(name) not in (None, 1):
-            raise ValueError(f"generate_with_logprobs: {name}={generate_kwargs[name]!r} is not "
-                             "supported (one sequence per prompt row)")  # fmt: skip
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    beams = generate_kwargs.get("num_beams", getattr(config, "num_beams", 1))
+    if beams not in (None, 1):  # beam search reorders rows between steps: no row to record
+        raise ValueError(f"generate_with_logprobs: num_beams={beams!r} is not supported "
+                         "(beam search; sample with num_return_sequences instead)")  # fmt: skip
     tempered = float(logprob_temperature) != 1.0
     if tempered and not (math.isfinite(logprob_temperature) and logprob_temperature > 0):
         raise ValueError(f"logprob_temperature={logprob_temperature!r}: must be > 0 and finite")
@@ -1195,12 +1198,13 @@ def generate_with_logprobs(
     lp = torch.stack(steps, dim=1) if steps else seq.new_zeros(seq.shape[0], 0, dtype=torch.float32)
     if lp.shape[1] != N:
         raise RuntimeError(f"generate_with_logprobs: {lp.shape[1]} forward steps for {N} tokens")
-    config = generate_kwargs.get("generation_config") or model.generation_config
     eos = generate_kwargs.get("eos_token_id", config.eos_token_id)
     comp = seq[:, P:]
     done = torch.zeros_like(comp, dtype=torch.bool)
     if eos is not None:
         is_eos = torch.isin(comp, torch.as_tensor(eos, device=comp.device).flatten())
         done = (torch.cumsum(is_eos.int(), dim=1) - is_eos.int()) > 0  # after the first eos
-    full = torch.cat([attention_mask, torch.ones_like(comp, dtype=attention_mask.dtype)], dim=1)
+    per_prompt = seq.shape[0] // input_ids.shape[0]  # num_return_sequences: rows repeated
+    prompt_mask = attention_mask.repeat_interleave(per_prompt, dim=0)
+    full = torch.cat([prompt_mask, torch.ones_like(comp, dtype=attention_mask.dtype)], dim=1)
     return Rollout(sequences=seq, attention_mask=full, logprobs=lp, completion_mask=(~done).int())
