@@ -33,22 +33,21 @@ def _fn(backend: str | None, config: dict | None):
     return dispatch.op("gated_attention", backend=backend, config=config)
 
 
-def packed(q, k, v, gate, cu_seqlens, *, layer, window=None, scale=None, backend=None,
-           config=None):  # fmt: skip
-    """Training over packed sequences: q, gate [T, Hq, D], k, v [T, Hkv, D], sequence s at
-    rows cu_seqlens[s] .. cu_seqlens[s + 1] - 1, its tokens at positions 0, 1, ..."""
+def packed_index(cu_seqlens, rows: int, device) -> tuple[torch.Tensor, ...]:
+    """The op's key table for packed sequences (sequence s at rows cu_seqlens[s] ..
+    cu_seqlens[s + 1] - 1 of ``rows``, its tokens at positions 0, 1, ...): (positions, seq,
+    block table, key lengths) on ``device``. Build once, pass to :func:`packed` per layer."""
     cu = [int(x) for x in cu_seqlens.tolist()]
     if len(cu) < 2 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:], strict=False)):
         raise ContractViolation(
             "gated_attention", "cu_seqlens", "call.cu_seqlens",
             f"must start at 0 and not decrease, got {cu[:8]}",
         )  # fmt: skip
-    if cu[-1] != q.shape[0] or cu[-1] != k.shape[0]:
+    if cu[-1] != rows:
         raise ContractViolation(
             "gated_attention", "cu_seqlens", "call.cu_seqlens",
-            f"ends at {cu[-1]}, but q has {q.shape[0]} rows and k {k.shape[0]}",
+            f"ends at {cu[-1]}, but q and k have {rows} rows",
         )  # fmt: skip
-    dev = q.device
     lens = [b - a for a, b in zip(cu, cu[1:], strict=False)]
     nb = max(1, max((_cdiv(n, BLOCK) for n in lens), default=1))
     table = torch.full((len(lens), nb), -1, dtype=torch.int64)
@@ -59,9 +58,28 @@ def packed(q, k, v, gate, cu_seqlens, *, layer, window=None, scale=None, backend
         seq[a : a + n] = s
         positions[a : a + n] = torch.arange(n)
     key_len = torch.tensor(lens, dtype=torch.int64)
+    return tuple(t.to(device) for t in (positions, seq, table, key_len))
+
+
+def packed(q, k, v, gate, cu_seqlens, *, layer, window=None, scale=None, backend=None,
+           config=None, index=None):  # fmt: skip
+    """Training over packed sequences: q, gate [T, Hq, D], k, v [T, Hkv, D], sequence s at
+    rows cu_seqlens[s] .. cu_seqlens[s + 1] - 1, its tokens at positions 0, 1, ...
+    ``index``: :func:`packed_index` of the same cu_seqlens, built once for many layers."""
+    if q.shape[0] != k.shape[0]:
+        raise ContractViolation(
+            "gated_attention", "cu_seqlens", "call.cu_seqlens",
+            f"q has {q.shape[0]} rows and k {k.shape[0]}",
+        )  # fmt: skip
+    if index is None:
+        index = packed_index(cu_seqlens, q.shape[0], q.device)
+    elif index[0].shape[0] != q.shape[0]:
+        raise ContractViolation(
+            "gated_attention", "index", "call.index",
+            f"built for {index[0].shape[0]} rows, q has {q.shape[0]}",
+        )  # fmt: skip
     f = _fn(backend, config)
-    return f(q, k, v, gate, positions.to(dev), seq.to(dev), table.to(dev), key_len.to(dev),
-             layer=layer, window=window, scale=scale)  # fmt: skip
+    return f(q, k, v, gate, *index, layer=layer, window=window, scale=scale)
 
 
 def padded(q, k, v, gate, attention_mask, *, layer, window=None, scale=None, backend=None,

@@ -73,6 +73,23 @@ def test_packed_rows_give_each_sequence_its_own_bits(backend, dtype, packed_call
     assert packed_calls and packed_calls[0] == [0, 11, 14, 21, 26, *range(35, 43)]
 
 
+def test_packed_key_table_is_built_once_a_forward(monkeypatch):
+    built = []
+    orig = _attention.packed_index
+    monkeypatch.setattr(_attention, "packed_index", lambda *a: built.append(1) or orig(*a))
+    model = apply_opcontract(tiny_muse_glimmer(), backend="torch")
+    ids, pos = pack([sequences([6, 5])])
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=pos)
+    assert built == [1]  # four layers, both kinds: one table
+    q = torch.randn(11, 4, 8)
+    k = v = torch.randn(11, 2, 8)
+    index = _attention.packed_index(torch.tensor([0, 6, 11]), 11, "cpu")
+    with pytest.raises(Exception, match="built for 11 rows, q has 10"):
+        _attention.packed(q[:10], k[:10], v[:10], q[:10], torch.tensor([0, 6, 10]),
+                          layer="global", index=index)  # fmt: skip
+
+
 def test_packed_labels_loss_and_gradients_match_a_padded_batch():
     """The same sequences packed in one row and right-padded in a batch: the label loss
     (first token of each sequence unlabelled, as TRL's collator marks it) and every

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,10 +19,12 @@ class Packing:
     """Packed sequences in [B, L] rows (padding-free training): each row holds whole sequences
     back to back, each counting positions 0, 1, 2, ... ``positions`` [B * L] int64 on the
     model's device; ``cu_seqlens`` [S + 1] int64 on the host: sequence s is rows
-    cu_seqlens[s] .. cu_seqlens[s + 1] - 1 of the B * L flattened tokens."""
+    cu_seqlens[s] .. cu_seqlens[s + 1] - 1 of the B * L flattened tokens. ``index``: the
+    attention's key table per device, built by the first layer, read by the others."""
 
     positions: torch.Tensor
     cu_seqlens: torch.Tensor
+    index: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def packing_from_position_ids(position_ids: torch.Tensor, batch: int) -> Packing | None:

@@ -265,8 +265,11 @@ def _gated_attention(
                 "packed sequences: a training forward without a KV cache or tensor parallelism"
             )
         flat = [t.reshape(B * Lq, *t.shape[2:]) for t in (q, k, v, gate)]
-        out = _attention.packed(*flat, opcontract_packing.cu_seqlens, layer=kind,
-                                window=sliding_window, scale=scaling, backend=backend)  # fmt: skip
+        cu, index = opcontract_packing.cu_seqlens, opcontract_packing.index
+        if q.device not in index:  # the first layer builds it; every layer reads the same
+            index[q.device] = _attention.packed_index(cu, B * Lq, q.device)
+        out = _attention.packed(*flat, cu, layer=kind, window=sliding_window, scale=scaling,
+                                backend=backend, index=index[q.device])  # fmt: skip
         return out.reshape(B, Lq, *out.shape[1:]), None
     if isinstance(past_key_values, OpcontractStaticCache):
         if opcontract_step is None:
