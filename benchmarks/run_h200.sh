@@ -155,6 +155,10 @@ for s in "$@"; do
                     --T 2048 8192 16384 --rep-ms 200 --backend "$b" \
                     --out "$OUT/softcap_logprob_forward_${b/./_}_${LABEL}.json"
             done ;;
+        hf-train)  # 4-layer real-width training steps, opcontract and Liger side by side
+            stage hf-train "${HF_TRAIN_LIMIT:-420}" python3 benchmarks/hf_throughput_gpu.py \
+                --train "${TRAIN:-4096,8192,16384}" --decode "" --providers "${PROVIDERS:-opcontract,liger}" \
+                --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/hf_train_${LABEL}.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
