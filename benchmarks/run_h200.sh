@@ -159,6 +159,13 @@ for s in "$@"; do
             stage hf-train "${HF_TRAIN_LIMIT:-420}" python3 benchmarks/hf_throughput_gpu.py \
                 --train "${TRAIN:-4096,8192,16384}" --decode "" --providers "${PROVIDERS:-opcontract,liger}" \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/hf_train_${LABEL}.json" ;;
+        head-probe)  # which head serves the HF labels loss, each forced one's time, then the
+            # training step's kernels by name
+            stage head-probe 240 python3 benchmarks/head_dispatch_probe.py --T "${HEAD_T:-8191,8192}" \
+                --out "$OUT/head_dispatch_probe_${LABEL}.json"
+            stage hf-profile 300 python3 benchmarks/hf_train_profile.py --T 8192 \
+                --providers "${PROVIDERS:-opcontract}" --top 16 \
+                --out "$OUT/hf_train_profile_${LABEL}.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
