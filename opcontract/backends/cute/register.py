@@ -66,6 +66,10 @@ def _head_libraries() -> str | None:
 _CUTE_HEAD = dict(
     HEAD,
     **{**_CUTE, "available": _head_libraries, "priority": {"cuda": 30}},
+    plan_memory=lambda call, config: tslp.plan_memory(
+        call.sizes["T"], call.sizes["H"], call.sizes["V"], call.dtype, config,
+        k_align=tslp.GRAD_K_ALIGN["cute"],
+    ),  # fmt: skip
 )
 register(
     op="softcap_logprob",

@@ -369,6 +369,10 @@ def _mm_cute(a, b, c, *, accumulate=False, seeded=False, out=None):
 
 
 GRAD_GEMMS = {"triton": _mm_triton, "cute": _mm_cute}
+# The token count grad_weight's GEMM (K = T) reads is rounded up to this with zero rows: what
+# the K tail's zero fill gives anyway (no bit moves), and the CuTe GEMM's TMA then reads g.T
+# and hidden.T in place, where an unaligned K would copy both into padded buffers per chunk.
+GRAD_K_ALIGN = {"triton": 1, "cute": 8}
 
 
 def _logits_triton(hidden, weight_rows, acc):
@@ -396,15 +400,18 @@ def acc_columns(T: int, V: int) -> int:
     return min(max(BLOCK_V, fit), cdiv(V, BLOCK_V) * BLOCK_V)
 
 
-def plan_memory(T: int, H: int, V: int, dtype: str, config: dict) -> dict[str, int]:
+def plan_memory(T: int, H: int, V: int, dtype: str, config: dict,
+                k_align: int = 1) -> dict[str, int]:  # fmt: skip
     """Bytes each backward plan allocates beyond its inputs and the gradients it returns:
-    vocab_chunks g [T, GRAD_CHUNK] (input dtype) and grad_hidden's float32 [T, H];
+    vocab_chunks g [Tk, GRAD_CHUNK] (input dtype), grad_hidden's float32 [T, H] and, where
+    T is not a multiple of ``k_align`` (GRAD_K_ALIGN), hidden zero-padded to Tk rows;
     token_chunks g [C, V], a chunk's float32 grad_hidden [C, H] and the float32 [V, H]
     grad_weight buffer (C = min(token_chunk, T))."""
     size = 2 if dtype in ("bfloat16", "float16") else 4
     c = min(int(config.get("token_chunk", _BASE["token_chunk"])), T)
+    tk = cdiv(T, k_align) * k_align
     return {
-        "vocab_chunks": T * min(GRAD_CHUNK, V) * size + T * H * 4,
+        "vocab_chunks": tk * min(GRAD_CHUNK, V) * size + T * H * 4 + (tk > T) * tk * H * size,
         "token_chunks": c * V * size + c * H * 4 + V * H * 4,
     }
 
@@ -489,14 +496,20 @@ def backward(hidden, weight, targets, lse, mean_z, grad_logprob, grad_entropy, g
                                       head, need_hidden, need_weight, token_chunk, mm)
     grad_h = torch.zeros(T, H, dtype=torch.float32, device=dev) if need_hidden else None
     grad_w = torch.zeros_like(weight) if need_weight else None
-    g = torch.empty(T, GRAD_CHUNK, dtype=hidden.dtype, device=dev)
+    tk = cdiv(T, GRAD_K_ALIGN[grad_gemm]) * GRAD_K_ALIGN[grad_gemm] if need_weight else T
+    g = torch.empty(tk, GRAD_CHUNK, dtype=hidden.dtype, device=dev)
+    rows = hidden
+    if tk > T:  # grad_weight's K padded once with zero rows (see GRAD_K_ALIGN)
+        g[T:].zero_()
+        rows = torch.zeros(tk, H, dtype=hidden.dtype, device=dev)
+        rows[:T] = hidden
     for c0 in range(0, V, GRAD_CHUNK):  # grad_hidden_v: ascending chunks
         n = min(GRAD_CHUNK, V - c0)
         _grad_logits(hidden, weight, targets, lse, mean_z, gl, ge, gs, g, c0, n, cfg, **head)
         if need_weight:  # grad_weight_t: [n, H] = g[:, :n].T @ hidden, K = T
-            mm(g[:, :n].T, hidden, grad_w[c0:c0 + n])
+            mm(g[:, :n].T, rows, grad_w[c0:c0 + n])
         if need_hidden:  # [T, H] += g[:, :n] @ weight[chunk], K = n
-            mm(g[:, :n], weight[c0:c0 + n], grad_h, accumulate=True)
+            mm(g[:T, :n], weight[c0:c0 + n], grad_h, accumulate=True)
     return (grad_h.to(hidden.dtype) if need_hidden else None), grad_w
 
 
