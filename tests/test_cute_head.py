@@ -119,6 +119,36 @@ def test_head_backward_on_the_cute_gemms(emulated, plan, modes):
         assert 0 < b.double().norm() and rel < 1e-2, rel
 
 
+def test_unaligned_token_count_reaches_the_gemm_in_place(emulated, monkeypatch):
+    """T = 300 (not a multiple of 8, as one sequence's S - 1 next-token rows): grad_weight's
+    K is padded once with zero rows, so no vocabulary chunk copies g.T or hidden.T, and the
+    gradients are those of the Triton GEMM's plan (float64 stand-in: close)."""
+    copies = []
+    ready = dg._tma_ready
+
+    def counting(t, cols):
+        out = ready(t, cols)
+        copies.append(out is not t)
+        return out
+
+    monkeypatch.setattr(dg, "_tma_ready", counting)
+    T, H, V = 300, 8, 4200
+    h, w, t = head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16)
+    kw = dict(multiplier=0.3, softcap=20.0, ignore_index=-100)
+    r = slp.forward_all(h, w, t, entropy=False, argmax=False, zsum=False, **kw)
+    gl = torch.randn(T, generator=torch.Generator().manual_seed(3))
+    args = (h, w, t, r.lse, None, gl, None, None)
+    got = slp.backward(*args, **kw, grad_gemm="cute")
+    assert copies and not any(copies), copies
+    ref = slp.backward(*args, **kw)
+    for a, b in zip(got, ref, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        rel = ((a.double() - b.double()).norm() / b.double().norm()).item()
+        assert rel < 1e-2, rel
+    need = slp.plan_memory(T, H, V, "bfloat16", {}, k_align=slp.GRAD_K_ALIGN["cute"])
+    assert need["vocab_chunks"] == 304 * 4096 * 2 + T * H * 4 + 304 * H * 2
+
+
 @pytest.fixture
 def apart(monkeypatch):
     """The logits' GEMM apart from every call's first row, in chunks of 256 columns."""
