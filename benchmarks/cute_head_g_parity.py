@@ -53,10 +53,50 @@ def main() -> int:
                 {"plan": plan, "logits_gemm": lg, "grad_gemm": gg, "differing": differing}
             )
             print(backward[-1], flush=True)
+    detail = _g_detail(h, w, t, runs[None].lse, g_lp, g_sm, kw)
+    print(detail, flush=True)
     write(args.out, {"benchmark": "cute_head_g_parity", "env": env_stamp(),
                      "shape": {"T": T, "H": H, "V": V}, "forward_differing": forward,
-                     "backward": backward})  # fmt: skip
+                     "backward": backward, "g_detail": detail})  # fmt: skip
     return 0
+
+
+def _g_detail(h, w, t, lse, g_lp, g_sm, kw) -> dict:
+    """vocab_chunks' g chunk by chunk as the grad_weight GEMM reads it, fused kernel against
+    the CuTe acc, the first differing elements with their acc from both GEMMs; and the acc of
+    each chunk's columns by the CuTe and the Triton GEMM, compared (bits, signed zeros too)."""
+    seen: dict = {None: [], "cute": []}
+    mm = slp.GRAD_GEMMS["triton"]
+    for lg in seen:
+        def recording(a, b, c, *, _lg=lg, **o):
+            if a.shape[1] == h.shape[0]:  # grad_weight's g.T (K = T)
+                seen[_lg].append(a.T.clone())
+            return mm(a, b, c, **o)
+
+        slp.GRAD_GEMMS["triton"] = recording
+        try:
+            slp.backward(h, w, t, lse, None, g_lp, None, g_sm, **kw, plan="vocab_chunks",
+                         logits_gemm=lg)  # fmt: skip
+        finally:
+            slp.GRAD_GEMMS["triton"] = mm
+    chunks, c0 = [], 0
+    for a, b in zip(seen[None], seen["cute"], strict=True):
+        n = a.shape[1]
+        acc_t = torch.empty(h.shape[0], n, device="cuda")
+        acc_c = torch.empty_like(acc_t)
+        slp.LOGITS_GEMMS["triton"](h, w[c0 : c0 + n], acc_t)
+        slp.LOGITS_GEMMS["cute"](h, w[c0 : c0 + n], acc_c)
+        bits = acc_t.view(torch.int32) != acc_c.view(torch.int32)
+        where = (a.view(torch.int16) != b.view(torch.int16)).nonzero().tolist()
+        chunks.append({
+            "columns": [c0, c0 + n], "g_differing_bits": len(where),
+            "acc_differing_bits": int(bits.sum()),
+            "first": [{"row": r, "col": c0 + c, "target": int(t[r]), "g_fused": float(a[r, c]),
+                       "g_acc": float(b[r, c]), "acc_triton": float(acc_t[r, c]),
+                       "acc_cute": float(acc_c[r, c])} for r, c in where[:8]],
+        })  # fmt: skip
+        c0 += n
+    return {"chunks": chunks}
 
 
 if __name__ == "__main__":

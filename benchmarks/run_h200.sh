@@ -97,6 +97,8 @@ for s in "$@"; do
             SWEEP=/tmp/hf_projections.yaml sweep hf-decode dense_gemm 36 40 540 --max-batch 64 ;;
         sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
         sweep-cute-head) sweep cute-head cute.fused,cute.fused_ce 8 50 540 ;;
+        sweep-cute-head-quick)  # the training buckets only, the default and one more candidate
+            sweep cute-head-quick cute.fused,cute.fused_ce 2 45 300 --min-batch 8192 ;;
         sweep) sweep all softcap_logprob,linear_cross_entropy,swiglu,dense_gemm 36 60 540 ;;
         tuned) stage tuned "${TUNED_LIMIT:-400}" python3 benchmarks/tuned_dispatch.py $SWEEP --table "$TABLE" \
             --out "$OUT/tuned_dispatch_h200.json" ;;
@@ -159,13 +161,20 @@ for s in "$@"; do
             stage hf-train "${HF_TRAIN_LIMIT:-420}" python3 benchmarks/hf_throughput_gpu.py \
                 --train "${TRAIN:-4096,8192,16384}" --decode "" --providers "${PROVIDERS:-opcontract,liger}" \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/hf_train_${LABEL}.json" ;;
-        head-probe)  # which head serves the HF labels loss, each forced one's time, then the
-            # training step's kernels by name
+        head-probe)  # which head serves the HF labels loss, and each forced one's time
             stage head-probe 240 python3 benchmarks/head_dispatch_probe.py --T "${HEAD_T:-8191,8192}" \
-                --out "$OUT/head_dispatch_probe_${LABEL}.json"
+                --backends "${HEAD_BACKENDS:-default,triton.fused_ce,cute.fused_ce}" \
+                --out "$OUT/head_dispatch_probe_${LABEL}.json" ;;
+        hf-profile)  # the training step's kernels by name
             stage hf-profile 300 python3 benchmarks/hf_train_profile.py --T 8192 \
                 --providers "${PROVIDERS:-opcontract}" --top 16 \
                 --out "$OUT/hf_train_profile_${LABEL}.json" ;;
+        cute-head-parity)  # the CuTe heads' bits against triton.fused only (T = 300, 1100, 2048)
+            stage cute-head-parity 240 python3 -m pytest -q -m gpu "$TREE/tests/test_cute_head.py" \
+                -k "give_triton_fused_bits or g_from_a_cute_acc" -p no:cacheprovider ;;
+        g-parity)  # where g from a CuTe acc leaves the fused kernel's bits, element by element
+            stage g-parity 120 python3 benchmarks/cute_head_g_parity.py \
+                --out "$OUT/cute_head_g_parity_${LABEL}.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
         *) echo "unknown stage $s"; exit 2 ;;
     esac
