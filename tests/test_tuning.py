@@ -342,6 +342,37 @@ def test_fastest_tuned_implementation_serves(tmp_path, monkeypatch):
     )
 
 
+def test_entries_of_one_objective_are_compared(tmp_path, monkeypatch):
+    """A forward time beside a forward+backward time says nothing: where any implementation
+    is timed for training, the training times decide, however short a forward-only time is
+    (the shipped triton.fused_ce entries time the forward, the CuTe heads' the training step);
+    entries without an objective are forward times."""
+    import dataclasses
+
+    from opcontract.backends import registry
+    from opcontract.tables import db
+
+    impl = registry.implementation("triton.fused")
+    twin = dataclasses.replace(impl, name="triton.twin", priority={"cpu": -1, "cuda": -1})
+    monkeypatch.setitem(registry._REGISTRY, "triton.twin", twin)
+    h, w, t = head_inputs(T=6)
+    table = tmp_path / "mixed.json"
+    legacy = _entry(median_ms=1.0)
+    del legacy["objective"]  # a table written before entries named their objective
+    write_entry(table, legacy)
+    write_entry(table, _entry(implementation="triton.twin", median_ms=3.0, objective="train",
+                              config={"group_t": 1}))  # fmt: skip
+    monkeypatch.setenv("OPCONTRACT_TUNING_PATH", str(table))
+    db.reload()
+    r = dispatch.explain("softcap_logprob", h, w, t, backend="triton")
+    assert r.implementation == "triton.twin" and r.config["group_t"] == 1
+    write_entry(table, _entry(median_ms=2.0, objective="train"))
+    db.reload()  # both timed for training now: the faster one serves
+    assert dispatch.explain("softcap_logprob", h, w, t, backend="triton").implementation == (
+        "triton.fused"
+    )
+
+
 def _gemm_sweep(path, name, impls=("triton.gemm",), block_n="[32, 64]"):
     """A one-call dense_gemm sweep file (float32, M = 4) over a narrowed space."""
     item = """  - op: dense_gemm

@@ -144,7 +144,8 @@ def select(
     memory_budget: int | None = None,
 ) -> Selection:
     """Keep the implementations that may serve the call. Where the tuning tables time some of
-    them for this call's bucket, the fastest of those serves; else the highest priority.
+    them for this call's bucket, the fastest of those serves (entries of one objective
+    compared: training times where there are any); else the highest priority.
 
     ``backend`` names a backend (``triton``) or one implementation (``triton.fused``).
     ``config`` (the tuner's candidates) replaces the tables' config; it must lie in the
@@ -179,7 +180,7 @@ def _select(
     if not sel.accepted:
         return sel
     tuned = {i.name: _entry(contract, call, i) for i in sel.accepted}
-    timed = [i for i in sel.accepted if tuned[i.name] is not None]
+    timed = _comparable([i for i in sel.accepted if tuned[i.name] is not None], tuned)
     if timed:  # the tables measured these here: the fastest one serves
         sel.selected = min(timed, key=lambda i: tuned[i.name].median_ms)
     else:
@@ -201,6 +202,14 @@ def _select(
         sel.config = {**sel.config, **entry.config}
         sel.tuning_entry = entry.describe()
     return sel
+
+
+def _comparable(timed: list[Implementation], tuned: dict) -> list[Implementation]:
+    """The timed implementations whose entries time the same thing: those timed for
+    training (forward and backward) where there are any, else those timed forward. A
+    forward time beside a training time says nothing about which one is faster."""
+    train = [i for i in timed if tuned[i.name].objective == "train"]
+    return train or timed
 
 
 def _entry(contract: Contract, call: CallInfo, impl: Implementation) -> Entry | None:

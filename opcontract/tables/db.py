@@ -160,6 +160,7 @@ class Entry:
     stamp: dict[str, Any]
     median_ms: Any
     source: str
+    objective: str = "forward"  # what median_ms timed: the forward, or forward+backward
 
     def describe(self) -> str:
         return f"{self.source}: {self.key}"
@@ -216,6 +217,7 @@ class TuningDB:
                     dict(e["stamp"]),
                     e.get("median_ms"),
                     str(path),
+                    e.get("objective", "forward"),
                 )
                 for e in data["entries"]
             ]
@@ -269,13 +271,17 @@ def make_entry(
     config: dict,
     numerics_sha256: str,
     median_ms: float | None,
+    objective: str = "forward",
 ) -> dict[str, Any]:
+    """A table entry; ``objective`` says what ``median_ms`` timed (``forward``, or ``train``:
+    forward and backward), so dispatch compares entries of one objective only."""
     return dict(
         **table_key(device, op, implementation, dtype, shape, bucket),
         config=config,
         numerics_sha256=numerics_sha256,
         stamp={**stamp(), "driver": _driver()},
         median_ms=median_ms,
+        objective=objective,
     )
 
 

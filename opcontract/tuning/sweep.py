@@ -502,6 +502,7 @@ def run_sweep(
                 best,
                 c.numerics_sha256,
                 best_ms,
+                item.objective,
             ),
         )
         results.append(
