@@ -35,10 +35,12 @@ def main() -> int:
     h, w, t = (x.cuda() for x in head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16, ignore=(1,)))
     kw = dict(multiplier=1.0, softcap=30.0, ignore_index=-100)
     slp.ACC_MIN_T, slp.ACC_BYTES = 1, 4 * 2048 * 2048
-    runs = {lg: slp.forward_all(h, w, t, **kw, argmax=True, zsum=True, logits_gemm=lg)
-            for lg in (None, "cute")}  # fmt: skip
+    runs = {lg: slp.forward_all(h, w, t, **kw, argmax=True, zsum=True, logits=True,
+                                logits_gemm=lg) for lg in (None, "cute")}  # fmt: skip
     fields = zip(runs[None]._fields, runs[None], runs["cute"], strict=True)
     forward = {f: int((x != y).sum()) for f, x, y in fields if x is not None}
+    z0, z1 = runs[None].logits, runs["cute"].logits  # z from the fused tile and from the acc
+    forward["logits_differing_bits"] = int((z0.view(torch.int32) != z1.view(torch.int32)).sum())
     g_lp, g_sm = lce.head_grads(torch.tensor(1.7, device="cuda"), t, ignore_index=-100,
                                 reduction="sum", label_smoothing=0.1)  # fmt: skip
     backward = []
@@ -54,6 +56,9 @@ def main() -> int:
             )
             print(backward[-1], flush=True)
     detail = _g_detail(h, w, t, runs[None].lse, g_lp, g_sm, kw)
+    for chunk in detail["chunks"]:
+        for e in chunk["first"]:  # z there from the forward's fused tile and from the acc
+            e["z_fused"], e["z_acc"] = float(z0[e["row"], e["col"]]), float(z1[e["row"], e["col"]])
     print(detail, flush=True)
     write(args.out, {"benchmark": "cute_head_g_parity", "env": env_stamp(),
                      "shape": {"T": T, "H": H, "V": V}, "forward_differing": forward,
