@@ -35,7 +35,8 @@ def main() -> int:
     h, w, t = (x.cuda() for x in head_inputs(T=T, H=H, V=V, dtype=torch.bfloat16, ignore=(1,)))
     kw = dict(multiplier=1.0, softcap=30.0, ignore_index=-100)
     slp.ACC_MIN_T, slp.ACC_BYTES = 1, 4 * 2048 * 2048
-    runs = {lg: slp.forward_all(h, w, t, **kw, argmax=True, zsum=True, logits=True,
+    cfg = {**slp.default_config("bfloat16", T), "num_stages": 2}  # z staged: 2 stages fit
+    runs = {lg: slp.forward_all(h, w, t, **kw, argmax=True, zsum=True, logits=True, config=cfg,
                                 logits_gemm=lg) for lg in (None, "cute")}  # fmt: skip
     fields = zip(runs[None]._fields, runs[None], runs["cute"], strict=True)
     forward = {f: int((x != y).sum()) for f, x, y in fields if x is not None}
