@@ -18,11 +18,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from common import env_stamp, write  # noqa: E402
 from helpers import head_inputs  # noqa: E402
 
 from opcontract.backends import linear_cross_entropy as lce  # noqa: E402
+from opcontract.backends.triton import interpreting  # noqa: E402
 from opcontract.backends.triton import softcap_logprob as slp  # noqa: E402
+from opcontract.backends.triton import softcap_logprob_kernels as k  # noqa: E402
+from opcontract.backends.triton.dense_gemm_kernels import _tile_coords  # noqa: E402
 
 NAMES = ("grad_hidden", "grad_weight")
 
@@ -67,6 +72,39 @@ def main() -> int:
     return 0
 
 
+@triton.jit
+def _tile_acc_kernel(h_ptr, w_ptr, out_ptr, T, V, H, stride_h, stride_w, stride_o, v_first,
+                     n_cols, zero, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr,
+                     EVEN_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr):
+    pid_t, pid_local = _tile_coords(tl.program_id(0), tl.cdiv(T, BLOCK_T),
+                                    tl.cdiv(n_cols, BLOCK_V), GROUP_T)
+    pid_v = v_first // BLOCK_V + pid_local
+    acc = k._logits_tile_pointers(h_ptr, w_ptr, T, V, H, stride_h, stride_w, pid_t, pid_v,
+                                  zero, INTERPRET, PROMOTE, EVEN_K, BLOCK_T, BLOCK_V, BLOCK_K)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    local = pid_local * BLOCK_V + tl.arange(0, BLOCK_V)
+    ok = (rows < T)[:, None] & (local < n_cols)[None, :] & ((v_first + local) < V)[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_o + local[None, :], acc, mask=ok)
+
+
+def _tile_acc(h, w, c0, n):
+    """acc [T, n] as the fused g kernel's tiles compute it (``_logits_tile_pointers`` with
+    the backward's config for this T), stored unrounded: what its epilogue starts from."""
+    T, H = h.shape
+    V = w.shape[0]
+    cfg = slp.default_config("bfloat16", T)
+    bk = slp.BLOCK_K["bfloat16"]
+    out = torch.full((T, n), float("nan"), device=h.device)
+    grid = (triton.cdiv(T, cfg["block_t"]) * triton.cdiv(n, slp.BLOCK_V),)
+    _tile_acc_kernel[grid](h, w, out, T, V, H, h.stride(0), w.stride(0), out.stride(0), c0, n,
+                           0.0, INTERPRET=interpreting(), PROMOTE=slp.GEMM_K_BLOCK // bk,
+                           EVEN_K=H % bk == 0, BLOCK_T=cfg["block_t"], BLOCK_V=slp.BLOCK_V,
+                           BLOCK_K=bk, GROUP_T=cfg["group_t"], num_warps=cfg["num_warps"],
+                           num_stages=cfg["num_stages"])  # fmt: skip
+    return out
+
+
 def _g_detail(h, w, t, lse, g_lp, g_sm, kw) -> dict:
     """vocab_chunks' g chunk by chunk as the grad_weight GEMM reads it, fused kernel against
     the CuTe acc, the first differing elements with their acc from both GEMMs; and the acc of
@@ -93,13 +131,19 @@ def _g_detail(h, w, t, lse, g_lp, g_sm, kw) -> dict:
         slp.LOGITS_GEMMS["triton"](h, w[c0 : c0 + n], acc_t)
         slp.LOGITS_GEMMS["cute"](h, w[c0 : c0 + n], acc_c)
         bits = acc_t.view(torch.int32) != acc_c.view(torch.int32)
+        acc_f = _tile_acc(h, w, c0, n)
+        tile_bits = acc_f.view(torch.int32) != acc_c.view(torch.int32)
         where = (a.view(torch.int16) != b.view(torch.int16)).nonzero().tolist()
         chunks.append({
             "columns": [c0, c0 + n], "g_differing_bits": len(where),
             "acc_differing_bits": int(bits.sum()),
+            "fused_tile_acc_differing_bits": int(tile_bits.sum()),
+            "fused_tile_acc_first": [[r, c0 + c, float(acc_f[r, c]), float(acc_c[r, c])]
+                                     for r, c in tile_bits.nonzero().tolist()[:8]],
             "first": [{"row": r, "col": c0 + c, "target": int(t[r]), "g_fused": float(a[r, c]),
                        "g_acc": float(b[r, c]), "acc_triton": float(acc_t[r, c]),
-                       "acc_cute": float(acc_c[r, c])} for r, c in where[:8]],
+                       "acc_cute": float(acc_c[r, c]), "acc_fused_tile": float(acc_f[r, c])}
+                      for r, c in where[:8]],
         })  # fmt: skip
         c0 += n
     return {"chunks": chunks}
