@@ -55,3 +55,39 @@ def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages:
     src = ASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages)
     return compile(src, target=GPUTarget("cuda", 90, 32), options=options), consts
+
+
+_B, _F, _I64 = "*bf16", "*fp32", "*i64"
+_G_OUT = dict(t_ptr=_I64, lse_ptr=_F, meanz_ptr=_F, gl_ptr=_F, ge_ptr=_F, gs_ptr=_F, g_ptr=_B)
+HEAD_SIGNATURES = {
+    "_grad_logits_kernel": dict(h_ptr=_B, w_ptr=_B, **_G_OUT, T="i32", V="i32", H="i32",
+                                stride_h="i32", stride_w="i32", stride_g="i32", v_first="i32",
+                                n_cols="i32", scale="fp32", softcap="fp32", multiplier="fp32",
+                                ignore_index="i32", zero="fp32"),
+    "_grad_logits_from_acc_kernel": dict(acc_ptr=_F, stride_acc="i32", **_G_OUT, T="i32",
+                                         V="i32", stride_g="i32", v_first="i32", n_cols="i32",
+                                         g_first="i32", scale="fp32", softcap="fp32",
+                                         multiplier="fp32", ignore_index="i32"),
+}  # fmt: skip
+
+
+def compile_head(kernel: str, constexprs: dict, hinted: tuple = (), num_warps: int = 8,
+                 num_stages: int = 3) -> Any:  # fmt: skip
+    """``kernel`` of ``softcap_logprob_kernels`` for sm_90 (bf16 inputs), with the fp-fusion
+    option launches use, 16-byte divisibility hints on the pointers and on the ``hinted``
+    integer arguments (as a launch with such values gets them)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from opcontract.backends.triton import LAUNCH
+
+    mod = importlib.import_module("opcontract.backends.triton.softcap_logprob_kernels")
+    fn = getattr(mod, kernel)
+    sig = dict(HEAD_SIGNATURES[kernel])
+    for name in fn.arg_names:
+        sig.setdefault(name, "constexpr")
+    marked = [n for n, t in sig.items() if t.startswith("*") or n in hinted]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in marked}
+    src = ASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in constexprs.items()}, attrs)
+    options = dict(num_warps=num_warps, num_stages=num_stages, **LAUNCH)
+    return compile(src, target=GPUTarget("cuda", 90, 32), options=options)

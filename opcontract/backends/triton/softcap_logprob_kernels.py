@@ -267,16 +267,24 @@ def _grad_tile(acc, rows, cols, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, gs_pt
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
     gl = tl.load(gl_ptr + rows, mask=row_ok & (tgt != ignore_index), other=0.0)
     p = tl.exp(z - lse[:, None])
-    gz = gl[:, None] * (tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0) - p)
+    # Where two products meet in one add, the fma that fuses one of them is written out.
+    # Left to the compiler, it fused either, chosen per element by its register in the tile
+    # (sm_90: 31 of a thread's 64 elements one way, the rest the other), so g moved with the
+    # tile layout and differed between kernels (tests/test_head_ptx.py). The forms are those
+    # sm_90 compiled before wherever it compiled one: the entropy term rounded and the loss
+    # term fused; with smoothing, gz so far rounded and the smoothing product fused.
+    hit = tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0)
+    gz = gl[:, None] * (hit - p)
     if ENTROPY:
         ge = tl.load(ge_ptr + rows, mask=row_ok, other=0.0)
         mean_z = tl.load(meanz_ptr + rows, mask=row_ok, other=0.0)
-        gz = gz - ge[:, None] * p * (z - mean_z[:, None])
+        # x * -1.0, not -x: Triton writes -x as 0 - x, which an fma would swallow
+        gz = tl.math.fma(gl[:, None], hit - p, ge[:, None] * p * (z - mean_z[:, None]) * -1.0)
     if SMOOTH:  # d(lse - mean_v z)/dz = p - 1/V
         gs = tl.load(gs_ptr + rows, mask=row_ok, other=0.0)
-        gz = gz + gs[:, None] * (p - 1.0 / V)
+        gz = tl.math.fma(gs[:, None], p - 1.0 / V, gz)
     if HAS_CAP:
-        gz = gz * (multiplier * (1.0 - t * t))
+        gz = gz * (multiplier * (1.0 - t * t))  # one product: one fma, nothing to choose
     else:
         gz = gz * multiplier
     g = tl.where(col_ok[None, :], gz, 0.0)
