@@ -38,23 +38,30 @@ def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages:
     """(compiled kernel, every constexpr it was compiled with): ``kernel`` of
     ``gated_attention_kernels`` with BASE's constexprs, ``constexprs`` over them, the rest at
     their defaults."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
-
     mod = importlib.import_module("opcontract.backends.triton.gated_attention_kernels")
     fn = getattr(mod, kernel)
     sig = dict(SIGNATURES[kernel])
     consts = {**BASE, **constexprs}
     for name, p in inspect.signature(fn.fn).parameters.items():
         if name not in sig:
-            sig[name] = "constexpr"
             consts.setdefault(name, p.default)
-    hinted = [n for n, t in sig.items() if t.startswith("*") or n in _HINTED_INTS]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
     consts = {n: v for n, v in consts.items() if n in fn.arg_names}  # BASE's the kernel takes
-    src = ASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages)
-    return compile(src, target=GPUTarget("cuda", 90, 32), options=options), consts
+    return _compile(fn, sig, consts, _HINTED_INTS, options), consts
+
+
+def _compile(fn, sig: dict, consts: dict, hinted, options: dict) -> Any:
+    """``fn`` compiled for sm_90: ``sig`` types its runtime arguments (the rest are
+    constexprs, valued by ``consts``), 16-byte divisibility hints on the pointers and the
+    ``hinted`` integers."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    sig = {**{n: "constexpr" for n in fn.arg_names}, **sig}
+    marked = [n for n, t in sig.items() if t.startswith("*") or n in hinted]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in marked}
+    src = ASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs)
+    return compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 _B, _F, _I64 = "*bf16", "*fp32", "*i64"
@@ -76,18 +83,9 @@ def compile_head(kernel: str, constexprs: dict, hinted: tuple = (), num_warps: i
     """``kernel`` of ``softcap_logprob_kernels`` for sm_90 (bf16 inputs), with the fp-fusion
     option launches use, 16-byte divisibility hints on the pointers and on the ``hinted``
     integer arguments (as a launch with such values gets them)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
-
     from opcontract.backends.triton import LAUNCH
 
     mod = importlib.import_module("opcontract.backends.triton.softcap_logprob_kernels")
     fn = getattr(mod, kernel)
-    sig = dict(HEAD_SIGNATURES[kernel])
-    for name in fn.arg_names:
-        sig.setdefault(name, "constexpr")
-    marked = [n for n, t in sig.items() if t.startswith("*") or n in hinted]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in marked}
-    src = ASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in constexprs.items()}, attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages, **LAUNCH)
-    return compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return _compile(fn, HEAD_SIGNATURES[kernel], constexprs, hinted, options)

@@ -12,7 +12,7 @@ from opcontract.backends.dense_gemm import strict_declaration
 from opcontract.backends.registry import register
 from opcontract.backends.triton import linear_cross_entropy as tlce
 from opcontract.backends.triton import softcap_logprob as tslp
-from opcontract.backends.triton.register import CE_PLAN, HEAD, LOGPROB_PLAN
+from opcontract.backends.triton.register import CE_PLAN, HEAD, LOGPROB_PLAN, head_plan_memory
 
 # What every CuTe implementation shares: SM90 kernels (TMA, WGMMA, setmaxnreg), 16-bit floats.
 _CUTE = dict(
@@ -66,10 +66,7 @@ def _head_libraries() -> str | None:
 _CUTE_HEAD = dict(
     HEAD,
     **{**_CUTE, "available": _head_libraries, "priority": {"cuda": 30}},
-    plan_memory=lambda call, config: tslp.plan_memory(
-        call.sizes["T"], call.sizes["H"], call.sizes["V"], call.dtype, config,
-        k_align=tslp.GRAD_K_ALIGN["cute"],
-    ),  # fmt: skip
+    plan_memory=functools.partial(head_plan_memory, grad_gemm="cute"),
 )
 register(
     op="softcap_logprob",

@@ -46,6 +46,13 @@ _HEAD_PLAN = {
     "grad_hidden_v": _plan(block=slp.GRAD_CHUNK),
     "grad_weight_t": _plan(block=slp.GEMM_K_BLOCK),
 }
+def head_plan_memory(call, config: dict, grad_gemm: str = "triton") -> dict[str, int]:
+    """The head's backward plans' memory for a call, its grad_weight GEMM on ``grad_gemm``
+    (which decides the token padding, slp.GRAD_K_ALIGN)."""
+    return slp.plan_memory(call.sizes["T"], call.sizes["H"], call.sizes["V"], call.dtype,
+                           config, k_align=slp.GRAD_K_ALIGN[grad_gemm])  # fmt: skip
+
+
 HEAD = dict(
     _TRITON,
     layout={"*": "rows", "targets": "contiguous"},
@@ -53,9 +60,7 @@ HEAD = dict(
     features=("approx_transcendentals",),
     config_space=slp.CONFIG_SPACE,
     default_config=lambda call: slp.default_config(call.dtype, call.sizes.get("T")),
-    plan_memory=lambda call, config: slp.plan_memory(
-        call.sizes["T"], call.sizes["H"], call.sizes["V"], call.dtype, config
-    ),
+    plan_memory=lambda call, config: head_plan_memory(call, config),
     backward_only=slp.BACKWARD_ONLY,
 )
 

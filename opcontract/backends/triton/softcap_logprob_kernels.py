@@ -274,12 +274,13 @@ def _grad_tile(acc, rows, cols, t_ptr, lse_ptr, meanz_ptr, gl_ptr, ge_ptr, gs_pt
     # sm_90 compiled before wherever it compiled one: the entropy term rounded and the loss
     # term fused; with smoothing, gz so far rounded and the smoothing product fused.
     hit = tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0)
-    gz = gl[:, None] * (hit - p)
     if ENTROPY:
         ge = tl.load(ge_ptr + rows, mask=row_ok, other=0.0)
         mean_z = tl.load(meanz_ptr + rows, mask=row_ok, other=0.0)
         # x * -1.0, not -x: Triton writes -x as 0 - x, which an fma would swallow
         gz = tl.math.fma(gl[:, None], hit - p, ge[:, None] * p * (z - mean_z[:, None]) * -1.0)
+    else:
+        gz = gl[:, None] * (hit - p)
     if SMOOTH:  # d(lse - mean_v z)/dz = p - 1/V
         gs = tl.load(gs_ptr + rows, mask=row_ok, other=0.0)
         gz = tl.math.fma(gs[:, None], p - 1.0 / V, gz)
