@@ -35,6 +35,27 @@ def test_cute_heads_declare_the_triton_heads_plans(op, name):
     assert impl.priority["cuda"] > triton.priority["cuda"]
 
 
+@pytest.mark.parametrize("op,name", sorted(HEADS.items()))
+def test_cute_heads_declare_the_logits_acc_of_their_backward(op, name):
+    """g reads its logits from a float32 acc from ACC_MIN_T rows: the CuTe heads' plan_memory
+    counts that chunk (Muse Glimmer's head at T = 8192, 8191 and a short call)."""
+    H, V = 6656, 202048
+    for T in (8192, 8191, 512):
+        sizes = {"T": T, "H": H, "V": V}
+        call = registry.CallInfo(registry.DeviceInfo("cuda"), "bfloat16", sizes, {})
+        cute = registry.implementation(name).plan_memory(call, {})
+        base = slp.plan_memory(T, H, V, "bfloat16", {}, k_align=slp.GRAD_K_ALIGN["cute"])
+        chunk = min(slp.acc_columns(T, V), slp.GRAD_CHUNK)
+        tok = min(T, 1024)  # the default token chunk
+        want = {
+            "vocab_chunks": base["vocab_chunks"] + (T >= slp.ACC_MIN_T) * T * chunk * 4,
+            "token_chunks": base["token_chunks"]
+            + (tok >= slp.ACC_MIN_T) * tok * slp.acc_columns(tok, V) * 4,
+        }
+        assert cute == want, T
+    assert registry.implementation(name).backward.keywords["logits_gemm"] == "cute"
+
+
 def test_cute_head_rejected_with_a_reason_off_sm90():
     h, w, t = head_inputs(T=6, H=16, V=40, dtype=torch.bfloat16)
     r = dispatch.explain("softcap_logprob", h, w, t)

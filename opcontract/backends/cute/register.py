@@ -59,20 +59,20 @@ def _head_libraries() -> str | None:
 # kernel. The GEMMs' numerics are Triton's (256-element promoted partials, the float32 sums
 # added in the same order), so every output and gradient is triton.fused's, bit for bit
 # (tests/test_cute_head.py, on the H200 and H100). Above triton.fused (20): where both may serve
-# and no table times them, the CuTe head serves. g from a CuTe acc (backward's logits_gemm)
-# stays off: on the H100 it moved 8 grad_weight elements of linear_cross_entropy (label
-# smoothing, T = 300, vocab_chunks), cause not found
-# (benchmarks/results/cute_head_g_parity_h100.json).
+# and no table times them, the CuTe head serves. The backward's g reads its logits from a
+# CuTe acc too (logits_gemm), from ACC_MIN_T rows: g's add of two products is an explicit fma
+# in both g kernels (tests/test_head_ptx.py), so the elementwise kernel gives the fused one's
+# bits.
 _CUTE_HEAD = dict(
     HEAD,
     **{**_CUTE, "available": _head_libraries, "priority": {"cuda": 30}},
-    plan_memory=functools.partial(head_plan_memory, grad_gemm="cute"),
+    plan_memory=functools.partial(head_plan_memory, grad_gemm="cute", logits_acc=True),
 )
 register(
     op="softcap_logprob",
     name="cute.fused",
     forward=functools.partial(tslp.forward, logits_gemm="cute"),
-    backward=functools.partial(tslp.logprob_backward, grad_gemm="cute"),
+    backward=functools.partial(tslp.logprob_backward, grad_gemm="cute", logits_gemm="cute"),
     plan=LOGPROB_PLAN,
     summary="triton.fused's head with its GEMMs on the CuTe mainloop (same bits)",
     **_CUTE_HEAD,
@@ -81,7 +81,7 @@ register(
     op="linear_cross_entropy",
     name="cute.fused_ce",
     forward=functools.partial(tlce.forward, logits_gemm="cute"),
-    backward=functools.partial(tlce.backward, grad_gemm="cute"),
+    backward=functools.partial(tlce.backward, grad_gemm="cute", logits_gemm="cute"),
     plan=CE_PLAN,
     summary="triton.fused_ce's head with its GEMMs on the CuTe mainloop (same bits)",
     **_CUTE_HEAD,

@@ -46,11 +46,14 @@ _HEAD_PLAN = {
     "grad_hidden_v": _plan(block=slp.GRAD_CHUNK),
     "grad_weight_t": _plan(block=slp.GEMM_K_BLOCK),
 }
-def head_plan_memory(call, config: dict, grad_gemm: str = "triton") -> dict[str, int]:
+def head_plan_memory(call, config: dict, grad_gemm: str = "triton",
+                     logits_acc: bool = False) -> dict[str, int]:  # fmt: skip
     """The head's backward plans' memory for a call, its grad_weight GEMM on ``grad_gemm``
-    (which decides the token padding, slp.GRAD_K_ALIGN)."""
+    (which decides the token padding, slp.GRAD_K_ALIGN), g's logits through a float32 acc
+    where ``logits_acc``."""
     return slp.plan_memory(call.sizes["T"], call.sizes["H"], call.sizes["V"], call.dtype,
-                           config, k_align=slp.GRAD_K_ALIGN[grad_gemm])  # fmt: skip
+                           config, k_align=slp.GRAD_K_ALIGN[grad_gemm],
+                           logits_acc=logits_acc)  # fmt: skip
 
 
 HEAD = dict(

@@ -401,18 +401,26 @@ def acc_columns(T: int, V: int) -> int:
 
 
 def plan_memory(T: int, H: int, V: int, dtype: str, config: dict,
-                k_align: int = 1) -> dict[str, int]:  # fmt: skip
+                k_align: int = 1, logits_acc: bool = False) -> dict[str, int]:  # fmt: skip
     """Bytes each backward plan allocates beyond its inputs and the gradients it returns:
     vocab_chunks g [Tk, GRAD_CHUNK] (input dtype), grad_hidden's float32 [T, H] and, where
     T is not a multiple of ``k_align`` (GRAD_K_ALIGN), hidden zero-padded to Tk rows;
     token_chunks g [C, V], a chunk's float32 grad_hidden [C, H] and the float32 [V, H]
-    grad_weight buffer (C = min(token_chunk, T))."""
+    grad_weight buffer (C = min(token_chunk, T)). ``logits_acc`` (g's logits by a GEMM
+    apart, ``logits_gemm``): each plan's float32 acc chunk from ACC_MIN_T rows."""
     size = 2 if dtype in ("bfloat16", "float16") else 4
     c = min(int(config.get("token_chunk", _BASE["token_chunk"])), T)
     tk = cdiv(T, k_align) * k_align
+
+    def acc(rows: int, n: int) -> int:
+        if not logits_acc or rows < ACC_MIN_T:
+            return 0
+        return rows * min(acc_columns(rows, V), cdiv(n, BLOCK_V) * BLOCK_V) * 4
+
     return {
-        "vocab_chunks": tk * min(GRAD_CHUNK, V) * size + T * H * 4 + (tk > T) * tk * H * size,
-        "token_chunks": c * V * size + c * H * 4 + V * H * 4,
+        "vocab_chunks": tk * min(GRAD_CHUNK, V) * size + T * H * 4 + (tk > T) * tk * H * size
+        + acc(T, min(GRAD_CHUNK, V)),
+        "token_chunks": c * V * size + c * H * 4 + V * H * 4 + acc(c, V),
     }
 
 
