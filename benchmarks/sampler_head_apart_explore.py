@@ -50,6 +50,23 @@ def cute_gemm(cfg: dict):
     return mm
 
 
+def kernel_us(fn, calls: int = 10) -> dict[str, float]:
+    """GPU time per call of each kernel ``fn`` launches (torch.profiler), by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
+            out[e.key[:60]] = round(e.self_device_time_total / calls, 2)
+    return out
+
+
 def apart(h, w, mm):
     slp.LOGITS_GEMMS["probe"] = mm
     no_target = torch.full((h.shape[0],), -1, dtype=torch.int64, device=h.device)
@@ -75,7 +92,10 @@ def main() -> int:
         with torch.no_grad():
             want = fused(h, w, **KW)
             base = time_ms(lambda h=h: fused(h, w, **KW), "cuda", "graph")
-        rows.append({"T": T, "gemm": "fused", "gpu_ms_graph": base, "x_floor": base / floor_ms})
+        with torch.no_grad():
+            kernels = kernel_us(lambda h=h: fused(h, w, **KW))
+        rows.append({"T": T, "gemm": "fused", "gpu_ms_graph": base, "x_floor": base / floor_ms,
+                     "kernel_us": kernels})  # fmt: skip
         print(rows[-1], flush=True)
         cands = []
         for bm, bn, nw, ns in itertools.product(
@@ -100,6 +120,9 @@ def main() -> int:
                                                   "graph")  # fmt: skip
                 row["x_floor"] = row["gpu_ms_graph"] / floor_ms
                 row["x_fused"] = row["gpu_ms_graph"] / base
+                if row["x_fused"] < 0.9:
+                    with torch.no_grad():
+                        row["kernel_us"] = kernel_us(lambda h=h, mm=mm: apart(h, w, mm))
             except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)
