@@ -67,6 +67,40 @@ def kernel_us(fn, calls: int = 10) -> dict[str, float]:
     return out
 
 
+def merge_rows(T: int, n_blocks: int, gen) -> list[dict]:
+    """The merge kernel alone on random partials (every output on): GPU time of a graph
+    replay, per kernel variant, and whether each variant's outputs equal the first's."""
+    from opcontract.backends.triton import softcap_logprob_kernels as k
+    from opcontract.backends.triton.launch import launch
+
+    f32 = dict(dtype=torch.float32, device="cuda")
+    pmax = torch.randn(n_blocks, T, generator=gen, **f32) * 3
+    psum = torch.rand(n_blocks, T, generator=gen, **f32) * 100 + 1
+    pzs = torch.randn(n_blocks, T, generator=gen, **f32) * 50
+    parg = torch.randint(0, V, (n_blocks, T), generator=gen, device="cuda", dtype=torch.int32)
+    pzsum = torch.randn(n_blocks, T, generator=gen, **f32) * 10
+    psq = torch.rand(n_blocks, T, generator=gen, **f32) * 10 + 1
+    zt = torch.randn(T, generator=gen, **f32)
+    tgt = torch.randint(0, V, (T,), generator=gen, device="cuda")
+    rows, want = [], None
+    for name in ("_merge_kernel", "_merge_chunked_kernel"):
+        outs = [torch.empty(T, **f32) for _ in range(8)]
+        outs[4] = torch.empty(T, dtype=torch.int64, device="cuda")
+
+        def run(name=name, outs=outs):
+            launch(getattr(k, name), (-(-T // 128),), pmax, psum, pzs, parg, pzsum, psq, zt,
+                   tgt, *outs, T, V, n_blocks, -100, ENTROPY=True, ARGMAX=True, ZSUM=True,
+                   SQ=True, BLOCK_R=128)  # fmt: skip
+
+        run()
+        want = want or [o.clone() for o in outs]
+        equal = all(torch.equal(a, b) for a, b in zip(outs, want, strict=True))
+        rows.append({"T": T, "merge": name, "bits_equal_first": equal,
+                     "gpu_us_graph": time_ms(run, "cuda", "graph") * 1e3})  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
+
+
 def apart(h, w, mm):
     slp.LOGITS_GEMMS["probe"] = mm
     no_target = torch.full((h.shape[0],), -1, dtype=torch.int64, device=h.device)
@@ -87,6 +121,8 @@ def main() -> int:
     floor_ms = w.numel() * w.element_size() / (common.copy_gbps() * 1e9) * 1e3
     fused = dispatch.op("softcap_logits", backend="triton")
     rows = []
+    for T in (int(t) for t in args.T.split(",")):
+        rows += merge_rows(T, -(-V // slp.BLOCK_V), g)
     for T in (int(t) for t in args.T.split(",")):
         h = torch.randn(T, H, device="cuda", generator=g).bfloat16()
         with torch.no_grad():

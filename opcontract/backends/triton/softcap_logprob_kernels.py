@@ -205,12 +205,12 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_
                   zmean_ptr, sq_ptr, T, V, NUM_BLOCKS, ignore_index,
                   ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
                   SQ: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Each row's block partials in ascending order (vocab_*), one block at a time."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < T
     run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     run_sum = tl.zeros((BLOCK_R,), tl.float32)
     run_zs = tl.zeros((BLOCK_R,), tl.float32)
-    arg_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     arg_idx = tl.zeros((BLOCK_R,), tl.int64)
     run_zsum = tl.zeros((BLOCK_R,), tl.float32)
     run_sq = tl.zeros((BLOCK_R,), tl.float32)
@@ -218,23 +218,32 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_
         part = b * T + rows.to(tl.int64)
         m = tl.load(pmax_ptr + part, mask=row_ok, other=0.0)
         s = tl.load(psum_ptr + part, mask=row_ok, other=1.0)
-        new_max = tl.maximum(run_max, m)
-        old_scale = tl.exp(run_max - new_max)
-        b_scale = tl.exp(m - new_max)
-        run_sum = run_sum * old_scale + s * b_scale
+        zs = m
+        idx = rows
+        zsum = m
+        s2 = m
         if ENTROPY:
             zs = tl.load(pzs_ptr + part, mask=row_ok, other=0.0)
-            run_zs = run_zs * old_scale + zs * b_scale
-        if ARGMAX:  # a later block wins only with a strictly larger max
+        if ARGMAX:
             idx = tl.load(parg_ptr + part, mask=row_ok, other=0)
-            arg_idx = tl.where(m > arg_max, idx.to(tl.int64), arg_idx)
-            arg_max = tl.maximum(arg_max, m)
-        if ZSUM:  # vocab_zsum: plain float32 adds, ascending
-            run_zsum += tl.load(pzsum_ptr + part, mask=row_ok, other=0.0)
-        if SQ:  # vocab_sq: the same max, the rescale factors squared as exp(2 (m - M'))
+        if ZSUM:
+            zsum = tl.load(pzsum_ptr + part, mask=row_ok, other=0.0)
+        if SQ:
             s2 = tl.load(psq_ptr + part, mask=row_ok, other=1.0)
-            run_sq = run_sq * tl.exp(2.0 * (run_max - new_max)) + s2 * tl.exp(2.0 * (m - new_max))
-        run_max = new_max
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m, s, zs, idx, zsum, s2,
+            ENTROPY, ARGMAX, ZSUM, SQ)
+    _merge_store(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, zt_ptr, t_ptr,
+                 logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr, zmean_ptr,
+                 sq_ptr, rows, row_ok, V, ignore_index, ENTROPY, ARGMAX, ZSUM, SQ)
+
+
+@triton.jit
+def _merge_store(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, zt_ptr, t_ptr,
+                 logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr, zmean_ptr,
+                 sq_ptr, rows, row_ok, V, ignore_index, ENTROPY: tl.constexpr,
+                 ARGMAX: tl.constexpr, ZSUM: tl.constexpr, SQ: tl.constexpr):
+    """The merged rows' outputs from their running state."""
     log_sum = tl.log(run_sum)
     lse = run_max + log_sum
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
@@ -253,6 +262,100 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_
         tl.store(smooth_ptr + rows, lse - z_mean, mask=row_ok)
     if SQ:  # log sum_v p^2 = log(S2) - 2 log(S)
         tl.store(sq_ptr + rows, tl.log(run_sq) - 2.0 * log_sum, mask=row_ok)
+
+
+@triton.jit
+def _halves(x):
+    """x [R, 2n] as (its even columns, its odd columns), each [R, n]: registers renamed."""
+    return tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
+
+
+@triton.jit
+def _merge_one(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m, s, zs, idx, zsum, s2,
+               ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
+               SQ: tl.constexpr):
+    """One block's partials onto the running state: ``_merge_kernel``'s loop body, its fmas
+    written out as sm_90 compiles that body."""
+    new_max = tl.maximum(run_max, m)
+    d_old = run_max - new_max
+    d_new = m - new_max
+    old_scale = tl.exp(d_old)
+    b_scale = tl.exp(d_new)
+    run_sum = tl.math.fma(run_sum, old_scale, b_scale * s)
+    if ENTROPY:
+        run_zs = tl.math.fma(run_zs, old_scale, b_scale * zs)
+    if ARGMAX:  # a later block wins only with a strictly larger max
+        arg_idx = tl.where(m > run_max, idx.to(tl.int64), arg_idx)
+    if ZSUM:
+        run_zsum = run_zsum + zsum
+    if SQ:
+        run_sq = tl.math.fma(run_sq, tl.exp(d_old + d_old), tl.exp(d_new + d_new) * s2)
+    return new_max, run_sum, run_zs, arg_idx, run_zsum, run_sq
+
+
+@triton.jit
+def _merge_chunked_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr,
+                          t_ptr, logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr,
+                          smooth_ptr, zmean_ptr, sq_ptr, T, V, NUM_BLOCKS, ignore_index,
+                          ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
+                          SQ: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``_merge_kernel``'s merge, the same blocks in the same order with the same arithmetic,
+    its partials read 4 blocks at a time as one [BLOCK_R, 4] tile; the tail's missing blocks
+    read as neutral partials (max -inf, sums 0, zsum -0.0), which leave every running value
+    as it is."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < T
+    run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    run_sum = tl.zeros((BLOCK_R,), tl.float32)
+    run_zs = tl.zeros((BLOCK_R,), tl.float32)
+    arg_idx = tl.zeros((BLOCK_R,), tl.int64)
+    run_zsum = tl.zeros((BLOCK_R,), tl.float32)
+    run_sq = tl.zeros((BLOCK_R,), tl.float32)
+    for b0 in range(0, NUM_BLOCKS, 4):
+        blk = b0 + tl.arange(0, 4)
+        part = blk[None, :].to(tl.int64) * T + rows[:, None].to(tl.int64)
+        ok = row_ok[:, None] & (blk[None, :] < NUM_BLOCKS)
+        m_ev, m_od = _halves(tl.load(pmax_ptr + part, mask=ok, other=float("-inf")))
+        s_ev, s_od = _halves(tl.load(psum_ptr + part, mask=ok, other=0.0))
+        m0, m2 = tl.split(m_ev)
+        m1, m3 = tl.split(m_od)
+        s0, s2_ = tl.split(s_ev)
+        s1, s3 = tl.split(s_od)
+        zs0, zs1, zs2, zs3 = m0, m1, m2, m3
+        i0, i1, i2, i3 = rows, rows, rows, rows
+        z0, z1, z2, z3 = m0, m1, m2, m3
+        q0, q1, q2, q3 = m0, m1, m2, m3
+        if ENTROPY:
+            a, b = _halves(tl.load(pzs_ptr + part, mask=ok, other=0.0))
+            zs0, zs2 = tl.split(a)
+            zs1, zs3 = tl.split(b)
+        if ARGMAX:
+            a, b = _halves(tl.load(parg_ptr + part, mask=ok, other=0))
+            i0, i2 = tl.split(a)
+            i1, i3 = tl.split(b)
+        if ZSUM:
+            a, b = _halves(tl.load(pzsum_ptr + part, mask=ok, other=-0.0))
+            z0, z2 = tl.split(a)
+            z1, z3 = tl.split(b)
+        if SQ:
+            a, b = _halves(tl.load(psq_ptr + part, mask=ok, other=0.0))
+            q0, q2 = tl.split(a)
+            q1, q3 = tl.split(b)
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m0, s0, zs0, i0, z0, q0,
+            ENTROPY, ARGMAX, ZSUM, SQ)
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m1, s1, zs1, i1, z1, q1,
+            ENTROPY, ARGMAX, ZSUM, SQ)
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m2, s2_, zs2, i2, z2, q2,
+            ENTROPY, ARGMAX, ZSUM, SQ)
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m3, s3, zs3, i3, z3, q3,
+            ENTROPY, ARGMAX, ZSUM, SQ)
+    _merge_store(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, zt_ptr, t_ptr,
+                 logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr, zmean_ptr,
+                 sq_ptr, rows, row_ok, V, ignore_index, ENTROPY, ARGMAX, ZSUM, SQ)
 
 
 @triton.jit
