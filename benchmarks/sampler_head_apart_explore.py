@@ -135,7 +135,7 @@ def main() -> int:
         print(rows[-1], flush=True)
         cands = []
         for bm, bn, nw, ns in itertools.product(
-            (16, 64) if T <= 16 else (64,), (64, 128, 256), (4, 8), (3, 4)
+            (16,) if T <= 16 else (64,), (64, 128, 256), (4, 8), (3, 4)
         ):
             cfg = dict(tdg.CONFIG, block_m=bm, block_n=bn, group_m=1, num_warps=nw,
                        num_stages=ns, parallel_partials=False)  # fmt: skip
