@@ -61,3 +61,28 @@ def test_explain_names_the_head_and_has_no_backward_plan():
     r = dispatch.explain("softcap_logits", h, w, softcap=20.0, backend="triton")
     assert r.implementation == "triton.logits" and r.plan is None
     assert "backward plan" not in str(r)
+
+
+@pytest.mark.parametrize("T", [1, 9, 16, 40, 64])
+def test_the_apart_schedule_gives_the_fused_kernels_bits(T, monkeypatch):
+    """schedule "apart": the logits' GEMM on the dense GEMM's decode tiles (16 or 64 rows),
+    the partials kernel reading the float32 acc back. The sampler's logits and lse and every
+    softcap_logprob output equal the fused kernel's, bitwise (a ragged last block: V = 300)."""
+    from opcontract.backends.triton import softcap_logprob as slp
+
+    calls = []
+    decode = slp._logits_decode
+    monkeypatch.setattr(slp, "_logits_decode", lambda *a: calls.append(1) or decode(*a))
+    h, w, t = _inputs(T, torch.bfloat16)
+    kw = {"multiplier": 0.19611613513818404, "softcap": 20.0}
+    fused = dispatch.op("softcap_logits", backend="triton", config={"schedule": "tiles"})
+    apart = dispatch.op("softcap_logits", backend="triton", config={"schedule": "apart"})
+    want, got = fused(h, w, **kw), apart(h, w, **kw)
+    assert torch.equal(got.logits, want.logits) and torch.equal(got.lse, want.lse)
+    outs = {"return_entropy": True, "return_predicted": True, "return_mean_logits": True}
+    lp = [dispatch.op("softcap_logprob", backend="triton", config={"schedule": s})(
+        h, w, t, **kw, **outs) for s in ("tiles", "apart")]  # fmt: skip
+    for name in lp[0]._fields:
+        a, b = getattr(lp[0], name), getattr(lp[1], name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    assert len(calls) == 2  # one GEMM a call: V = 300 fits one acc chunk

@@ -40,7 +40,7 @@ DEFAULT_CONFIG = {
 INTERPRETER_BLOCK_T = 32
 
 CONFIG_SPACE = {
-    "schedule": ("tiles", "persistent", "tma"),
+    "schedule": ("tiles", "persistent", "tma", "apart"),
     "programs_per_sm": (1, 2),
     "block_t": (64, 128),
     "group_t": (1, 4, 8, 16),
@@ -215,8 +215,8 @@ def forward_all(
     schedule = cfg["schedule"]
     if schedule not in CONFIG_SPACE["schedule"]:
         raise ValueError(f"unknown schedule {schedule!r}; one of {CONFIG_SPACE['schedule']}")
-    if logits_gemm is not None and T >= ACC_MIN_T and not _pinned:
-        mm = LOGITS_GEMMS[logits_gemm]
+    if not _pinned and (schedule == "apart" or (logits_gemm is not None and T >= ACC_MIN_T)):
+        mm = LOGITS_GEMMS[logits_gemm] if logits_gemm and T >= ACC_MIN_T else _logits_decode
         zero = torch.zeros(max(block_v, 16), dtype=hidden.dtype, device=dev)
         width = acc_columns(T, V)
         buf = torch.empty(T * width, **f32)
@@ -386,6 +386,25 @@ def _logits_cute(hidden, weight_rows, acc):
 
     gemm(hidden, weight_rows, out=acc)
 
+
+def _logits_decode(hidden, weight_rows, acc):
+    """``_logits_triton`` at DECODE_GEMM's row tile for T (the schedule "apart"): the dense
+    GEMM's kernel, whose tiles never move a bit (dense_gemm's tuner verifies that)."""
+    from opcontract.backends.triton import dense_gemm as tdg
+
+    T, H = hidden.shape
+    n = weight_rows.shape[0]
+    cfg = dict(tdg.CONFIG, **DECODE_GEMM[16 if T <= 16 else 64], parallel_partials=False)
+    tdg._gemm(hidden, weight_rows, acc, None, T, n, H, (hidden.stride(0), 1),
+              (1, weight_rows.stride(0)), cfg)  # fmt: skip
+
+
+# The schedule "apart" at decode sizes: the weight streams through narrow row tiles of the
+# dense GEMM's kernel (the forward kernels' 64-row tiles run MMAs mostly on padding there).
+DECODE_GEMM = {
+    16: {"block_m": 16, "block_n": 128, "group_m": 1, "num_warps": 4, "num_stages": 3},
+    64: {"block_m": 64, "block_n": 64, "group_m": 1, "num_warps": 4, "num_stages": 4},
+}
 
 # The logits' GEMM apart from the epilogue (``logits_gemm``): from ACC_MIN_T rows, where the
 # float32 acc round trip (T x ACC_BYTES per vocabulary chunk) is small beside the GEMM.
