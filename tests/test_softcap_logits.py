@@ -86,3 +86,17 @@ def test_the_apart_schedule_gives_the_fused_kernels_bits(T, monkeypatch):
         a, b = getattr(lp[0], name), getattr(lp[1], name)
         assert (a is None and b is None) or torch.equal(a, b), name
     assert len(calls) == 2  # one GEMM a call: V = 300 fits one acc chunk
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_the_apart_schedule_gives_the_fused_bits_at_muse_glimmers_head(T):
+    """Muse Glimmer's head (H 6656, V 202048, bf16): the sampler's logits and lse by the
+    schedule "apart" (the dense GEMM's decode tiles) equal the TMA kernel's, bitwise."""
+    g = torch.Generator(device="cuda").manual_seed(T)
+    w = (torch.randn(202048, 6656, device="cuda", generator=g) * 6656**-0.5).bfloat16()
+    h = torch.randn(T, 6656, device="cuda", generator=g).bfloat16()
+    kw = {"multiplier": 26**-0.5, "softcap": 20.0}
+    want, got = (dispatch.op("softcap_logits", backend="triton", config={"schedule": s})(
+        h, w, **kw) for s in ("tma", "apart"))  # fmt: skip
+    assert torch.equal(got.logits, want.logits) and torch.equal(got.lse, want.lse)
