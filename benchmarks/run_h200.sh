@@ -96,6 +96,7 @@ for s in "$@"; do
                 N=19968,K=6656 --out /tmp/hf_projections.yaml
             SWEEP=/tmp/hf_projections.yaml sweep hf-decode dense_gemm 36 40 540 --max-batch 64 ;;
         sweep-swiglu) sweep swiglu swiglu 12 30 240 ;;
+        sweep-sampler) sweep sampler triton.logits 12 50 300 ;;  # decode buckets: tma or apart
         sweep-cute-head) sweep cute-head cute.fused,cute.fused_ce 8 50 540 ;;
         sweep-cute-head-quick)  # the training buckets only, the default and one more candidate
             sweep cute-head-quick cute.fused,cute.fused_ce 2 45 300 --min-batch 8192 ;;
