@@ -305,16 +305,11 @@ def test_cute_heads_give_triton_fused_bits(plan, T, H, V, acc_bytes, monkeypatch
 
 @pytest.mark.gpu
 @needs_cute
-@pytest.mark.xfail(
-    reason="g from a CuTe acc moved 8 grad_weight elements on the H100 and H200 "
-    "(cute_head_g_parity_h200.json): the fused g kernel contracted either of two products "
-    "into an fma, per element. The kernel now writes the fmas out (one expression in both "
-    "kernels: test_head_ptx.py) but has not run on a GPU since; off in cute.fused until "
-    "this passes there"
-)
 def test_g_from_a_cute_acc_gives_triton_bits(monkeypatch):
-    """The backward's logits_gemm="cute" (not served): both gradients of linear_cross_entropy's
-    head with label smoothing, against the fused g kernel, in both plans."""
+    """The backward's logits_gemm="cute" (what cute.fused serves from ACC_MIN_T rows): both
+    gradients of linear_cross_entropy's head with label smoothing, against the fused g
+    kernel, in both plans. Before the g kernels wrote their fmas out, 8 grad_weight elements
+    differed here on the H100 and H200 (cute_head_g_parity_h200.json)."""
     monkeypatch.setattr(slp, "ACC_MIN_T", 1)
     monkeypatch.setattr(slp, "ACC_BYTES", 4 * 2048 * 2048)
     T, H, V = 300, 512, 9000
