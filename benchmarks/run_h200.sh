@@ -27,6 +27,15 @@ SWEEP=opcontract/tuning/sweeps/muse_glimmer.yaml
 TABLE=${TABLE:-$OUT/h200.json}  # a table outside $OUT (/tmp) carries a sweep to the next call
 [ -f "$TABLE" ] || cp opcontract/tables/h200.json "$TABLE"
 
+# SM clock, temperature and throttle reasons every 5 s beside the stages (a machine that slows
+# itself down for heat gives times that compare with nothing: see the summary at the end)
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+        --format=csv,noheader -l 5 >> "$OUT/clocks.csv" 2>/dev/null &
+    CLOCKS_PID=$!
+    trap 'kill $CLOCKS_PID 2>/dev/null; python3 benchmarks/clock_summary.py "$OUT/clocks.csv"' EXIT
+fi
+
 stage() {  # name, seconds, command...
     local name=$1 limit=$2
     shift 2
