@@ -294,15 +294,73 @@ def _merge_one(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m, s, zs, id
 
 
 @triton.jit
+def _load_four(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, b0, rows, row_ok, T,
+               NUM_BLOCKS, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
+               SQ: tl.constexpr):
+    """Blocks b0 .. b0 + 3 of the rows' partials as [BLOCK_R, 4] tiles; a block past the last
+    reads as neutral partials (max -inf, sums 0, zsum -0.0), which merge as no-ops."""
+    blk = b0 + tl.arange(0, 4)
+    part = blk[None, :].to(tl.int64) * T + rows[:, None].to(tl.int64)
+    ok = row_ok[:, None] & (blk[None, :] < NUM_BLOCKS)
+    m = tl.load(pmax_ptr + part, mask=ok, other=float("-inf"))
+    s = tl.load(psum_ptr + part, mask=ok, other=0.0)
+    zs = m
+    idx = part.to(tl.int32)
+    zsum = m
+    s2 = m
+    if ENTROPY:
+        zs = tl.load(pzs_ptr + part, mask=ok, other=0.0)
+    if ARGMAX:
+        idx = tl.load(parg_ptr + part, mask=ok, other=0)
+    if ZSUM:
+        zsum = tl.load(pzsum_ptr + part, mask=ok, other=-0.0)
+    if SQ:
+        s2 = tl.load(psq_ptr + part, mask=ok, other=0.0)
+    return m, s, zs, idx, zsum, s2
+
+
+@triton.jit
+def _quarters(x):
+    """x [R, 4] as its four columns, each [R], in order: registers renamed."""
+    ev, od = _halves(x)
+    c0, c2 = tl.split(ev)
+    c1, c3 = tl.split(od)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _merge_four(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m, s, zs, idx, zsum, s2,
+                ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
+                SQ: tl.constexpr):
+    """Four blocks' [BLOCK_R, 4] partials onto the running state, one block after another."""
+    m0, m1, m2, m3 = _quarters(m)
+    s0, s1, s2_, s3 = _quarters(s)
+    zs0, zs1, zs2, zs3 = _quarters(zs)
+    i0, i1, i2, i3 = _quarters(idx)
+    z0, z1, z2, z3 = _quarters(zsum)
+    q0, q1, q2, q3 = _quarters(s2)
+    run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m0, s0, zs0, i0, z0, q0,
+        ENTROPY, ARGMAX, ZSUM, SQ)
+    run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m1, s1, zs1, i1, z1, q1,
+        ENTROPY, ARGMAX, ZSUM, SQ)
+    run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m2, s2_, zs2, i2, z2, q2,
+        ENTROPY, ARGMAX, ZSUM, SQ)
+    return _merge_one(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m3, s3, zs3, i3,
+                      z3, q3, ENTROPY, ARGMAX, ZSUM, SQ)
+
+
+@triton.jit
 def _merge_chunked_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr,
                           t_ptr, logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr,
                           smooth_ptr, zmean_ptr, sq_ptr, T, V, NUM_BLOCKS, ignore_index,
                           ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, ZSUM: tl.constexpr,
                           SQ: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``_merge_kernel``'s merge, the same blocks in the same order with the same arithmetic,
-    its partials read 4 blocks at a time as one [BLOCK_R, 4] tile; the tail's missing blocks
-    read as neutral partials (max -inf, sums 0, zsum -0.0), which leave every running value
-    as it is."""
+    """``_merge_kernel``'s merge, the same blocks in the same order with the same arithmetic;
+    the partials read four blocks at a time, eight blocks ahead of the merge (the loads in
+    flight while the chain runs)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < T
     run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
@@ -311,48 +369,21 @@ def _merge_chunked_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_
     arg_idx = tl.zeros((BLOCK_R,), tl.int64)
     run_zsum = tl.zeros((BLOCK_R,), tl.float32)
     run_sq = tl.zeros((BLOCK_R,), tl.float32)
+    a_m, a_s, a_zs, a_i, a_z, a_q = _load_four(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
+                                               psq_ptr, 0, rows, row_ok, T, NUM_BLOCKS,
+                                               ENTROPY, ARGMAX, ZSUM, SQ)
+    b_m, b_s, b_zs, b_i, b_z, b_q = _load_four(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
+                                               psq_ptr, 4, rows, row_ok, T, NUM_BLOCKS,
+                                               ENTROPY, ARGMAX, ZSUM, SQ)
     for b0 in range(0, NUM_BLOCKS, 4):
-        blk = b0 + tl.arange(0, 4)
-        part = blk[None, :].to(tl.int64) * T + rows[:, None].to(tl.int64)
-        ok = row_ok[:, None] & (blk[None, :] < NUM_BLOCKS)
-        m_ev, m_od = _halves(tl.load(pmax_ptr + part, mask=ok, other=float("-inf")))
-        s_ev, s_od = _halves(tl.load(psum_ptr + part, mask=ok, other=0.0))
-        m0, m2 = tl.split(m_ev)
-        m1, m3 = tl.split(m_od)
-        s0, s2_ = tl.split(s_ev)
-        s1, s3 = tl.split(s_od)
-        zs0, zs1, zs2, zs3 = m0, m1, m2, m3
-        i0, i1, i2, i3 = rows, rows, rows, rows
-        z0, z1, z2, z3 = m0, m1, m2, m3
-        q0, q1, q2, q3 = m0, m1, m2, m3
-        if ENTROPY:
-            a, b = _halves(tl.load(pzs_ptr + part, mask=ok, other=0.0))
-            zs0, zs2 = tl.split(a)
-            zs1, zs3 = tl.split(b)
-        if ARGMAX:
-            a, b = _halves(tl.load(parg_ptr + part, mask=ok, other=0))
-            i0, i2 = tl.split(a)
-            i1, i3 = tl.split(b)
-        if ZSUM:
-            a, b = _halves(tl.load(pzsum_ptr + part, mask=ok, other=-0.0))
-            z0, z2 = tl.split(a)
-            z1, z3 = tl.split(b)
-        if SQ:
-            a, b = _halves(tl.load(psq_ptr + part, mask=ok, other=0.0))
-            q0, q2 = tl.split(a)
-            q1, q3 = tl.split(b)
-        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
-            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m0, s0, zs0, i0, z0, q0,
+        c_m, c_s, c_zs, c_i, c_z, c_q = _load_four(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr,
+                                                   pzsum_ptr, psq_ptr, b0 + 8, rows, row_ok, T,
+                                                   NUM_BLOCKS, ENTROPY, ARGMAX, ZSUM, SQ)
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_four(
+            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, a_m, a_s, a_zs, a_i, a_z, a_q,
             ENTROPY, ARGMAX, ZSUM, SQ)
-        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
-            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m1, s1, zs1, i1, z1, q1,
-            ENTROPY, ARGMAX, ZSUM, SQ)
-        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
-            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m2, s2_, zs2, i2, z2, q2,
-            ENTROPY, ARGMAX, ZSUM, SQ)
-        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
-            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, m3, s3, zs3, i3, z3, q3,
-            ENTROPY, ARGMAX, ZSUM, SQ)
+        a_m, a_s, a_zs, a_i, a_z, a_q = b_m, b_s, b_zs, b_i, b_z, b_q
+        b_m, b_s, b_zs, b_i, b_z, b_q = c_m, c_s, c_zs, c_i, c_z, c_q
     _merge_store(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, zt_ptr, t_ptr,
                  logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr, zmean_ptr,
                  sq_ptr, rows, row_ok, V, ignore_index, ENTROPY, ARGMAX, ZSUM, SQ)
