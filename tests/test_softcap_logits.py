@@ -100,3 +100,35 @@ def test_the_apart_schedule_gives_the_fused_bits_at_muse_glimmers_head(T):
     want, got = (dispatch.op("softcap_logits", backend="triton", config={"schedule": s})(
         h, w, **kw) for s in ("tma", "apart"))  # fmt: skip
     assert torch.equal(got.logits, want.logits) and torch.equal(got.lse, want.lse)
+
+
+@pytest.mark.parametrize("T,blocks", [(1, 1), (3, 7), (5, 8), (130, 9)])
+def test_the_prefetching_merge_gives_the_merge_kernels_bits(T, blocks):
+    """``_merge_chunked_kernel`` (four blocks a tile, eight ahead of the chain; measured by
+    benchmarks/sampler_head_apart_explore.py, not served) against ``_merge_kernel``: every
+    output bitwise, across a ragged last tile, a block whose max is -inf and zsums of -0.0."""
+    from opcontract.backends.triton import softcap_logprob_kernels as k
+    from opcontract.backends.triton.launch import launch
+
+    gen = torch.Generator().manual_seed(T)
+    f32 = dict(dtype=torch.float32, device=DEVICE)
+    pmax = (torch.randn(blocks, T, generator=gen) * 3).to(DEVICE)
+    pmax[1:, 0] = float("-inf")
+    psum = (torch.rand(blocks, T, generator=gen) * 100 + 1).to(DEVICE)
+    pzs = (torch.randn(blocks, T, generator=gen) * 50).to(DEVICE)
+    parg = torch.randint(0, 900, (blocks, T), generator=gen, dtype=torch.int32).to(DEVICE)
+    pzsum = (torch.randn(blocks, T, generator=gen) * 10).to(DEVICE)
+    pzsum[:, 0] = -0.0
+    psq = (torch.rand(blocks, T, generator=gen) * 10 + 1).to(DEVICE)
+    zt = torch.randn(T, generator=gen).to(DEVICE)
+    tgt = torch.randint(0, 900, (T,), generator=gen).to(DEVICE)
+    runs = []
+    for kernel in (k._merge_kernel, k._merge_chunked_kernel):
+        outs = [torch.empty(T, **f32) for _ in range(8)]
+        outs[4] = torch.empty(T, dtype=torch.int64, device=DEVICE)
+        launch(kernel, (-(-T // 128),), pmax, psum, pzs, parg, pzsum, psq, zt, tgt, *outs, T,
+               900, blocks, -100, ENTROPY=True, ARGMAX=True, ZSUM=True, SQ=True,
+               BLOCK_R=128)  # fmt: skip
+        runs.append(outs)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
