@@ -1,6 +1,7 @@
 """Summary of the clock log run_h200.sh keeps beside its stages (nvidia-smi every 5 s):
-samples under load, their SM clocks, and how many were slowed for heat or power. A run whose
-busy samples were slowed gives times that compare with no other run.
+samples under load, their SM clocks, how many were slowed for heat (or by the hardware's own
+slowdown) and how many ran at the power cap. A run slowed for heat gives times that compare
+with no other run; the power cap is the GPU's steady state under heavy GEMMs.
 
     python benchmarks/clock_summary.py clocks.csv
 """
@@ -11,13 +12,14 @@ import csv
 import statistics
 import sys
 
-# clocks_throttle_reasons bits that slow a busy GPU: SW power cap, HW slowdown, SW thermal,
-# HW thermal, HW power brake
-SLOWING = 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+# clocks_throttle_reasons bits: HW slowdown, SW thermal, HW thermal, HW power brake (a
+# machine that can't hold its clocks), and the SW power cap
+SLOWING = 0x08 | 0x20 | 0x40 | 0x80
+POWER_CAP = 0x04
 
 
 def summarize(path: str) -> dict:
-    busy, slowed, temps = [], 0, []
+    busy, slowed, capped, temps = [], 0, 0, []
     with open(path) as f:
         for row in csv.reader(f):
             if len(row) < 6:
@@ -32,9 +34,11 @@ def summarize(path: str) -> dict:
                 continue
             busy.append(sm)
             slowed += bool(reasons & SLOWING)
+            capped += bool(reasons & POWER_CAP)
     return {
         "busy_samples": len(busy),
         "slowed_samples": slowed,
+        "power_capped_samples": capped,
         "median_busy_sm_mhz": statistics.median(busy) if busy else None,
         "max_temperature_c": max(temps) if temps else None,
     }

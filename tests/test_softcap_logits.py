@@ -3,9 +3,12 @@ log-probability of y, for the rows alone and inside a trainer's batch; T above 2
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from helpers import head_inputs
 
 from opcontract import ContractViolation, dispatch
+from opcontract.backends.triton.softcap_logprob_kernels import _merge_one, _merge_store
 from opcontract.outputs import SamplerHeadOutput
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton: interpreter on the CPU
@@ -102,11 +105,38 @@ def test_the_apart_schedule_gives_the_fused_bits_at_muse_glimmers_head(T):
     assert torch.equal(got.logits, want.logits) and torch.equal(got.lse, want.lse)
 
 
+@triton.jit
+def _merge_one_block_at_a_time(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_ptr,
+                               t_ptr, logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr,
+                               smooth_ptr, zmean_ptr, sq_ptr, T, V, NUM_BLOCKS, ignore_index,
+                               BLOCK_R: tl.constexpr):
+    """The reference merge: each block read as it is merged, every output on."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < T
+    run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    run_sum = tl.zeros((BLOCK_R,), tl.float32)
+    run_zs = tl.zeros((BLOCK_R,), tl.float32)
+    arg_idx = tl.zeros((BLOCK_R,), tl.int64)
+    run_zsum = tl.zeros((BLOCK_R,), tl.float32)
+    run_sq = tl.zeros((BLOCK_R,), tl.float32)
+    for b in range(0, NUM_BLOCKS):
+        part = b * T + rows.to(tl.int64)
+        run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(
+            run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq,
+            tl.load(pmax_ptr + part, mask=row_ok), tl.load(psum_ptr + part, mask=row_ok),
+            tl.load(pzs_ptr + part, mask=row_ok), tl.load(parg_ptr + part, mask=row_ok),
+            tl.load(pzsum_ptr + part, mask=row_ok), tl.load(psq_ptr + part, mask=row_ok),
+            True, True, True, True)
+    _merge_store(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, zt_ptr, t_ptr,
+                 logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr, zmean_ptr,
+                 sq_ptr, rows, row_ok, V, ignore_index, True, True, True, True)
+
+
 @pytest.mark.parametrize("T,blocks", [(1, 1), (3, 7), (5, 8), (130, 9)])
-def test_the_prefetching_merge_gives_the_merge_kernels_bits(T, blocks):
-    """``_merge_chunked_kernel`` (four blocks a tile, eight ahead of the chain; measured by
-    benchmarks/sampler_head_apart_explore.py, not served) against ``_merge_kernel``: every
-    output bitwise, across a ragged last tile, a block whose max is -inf and zsums of -0.0."""
+def test_the_prefetching_merge_gives_the_one_block_merges_bits(T, blocks):
+    """``_merge_kernel`` (four blocks a tile, eight ahead of the chain) against a loop that
+    reads each block as it merges it: every output bitwise, across a ragged last tile, a
+    block whose max is -inf and zsums of -0.0 (on the GPU, compiled: the same fmas)."""
     from opcontract.backends.triton import softcap_logprob_kernels as k
     from opcontract.backends.triton.launch import launch
 
@@ -123,12 +153,12 @@ def test_the_prefetching_merge_gives_the_merge_kernels_bits(T, blocks):
     zt = torch.randn(T, generator=gen).to(DEVICE)
     tgt = torch.randint(0, 900, (T,), generator=gen).to(DEVICE)
     runs = []
-    for kernel in (k._merge_kernel, k._merge_chunked_kernel):
+    flags = {"ENTROPY": True, "ARGMAX": True, "ZSUM": True, "SQ": True}
+    for kernel, kw in ((k._merge_kernel, flags), (_merge_one_block_at_a_time, {})):
         outs = [torch.empty(T, **f32) for _ in range(8)]
         outs[4] = torch.empty(T, dtype=torch.int64, device=DEVICE)
         launch(kernel, (-(-T // 128),), pmax, psum, pzs, parg, pzsum, psq, zt, tgt, *outs, T,
-               900, blocks, -100, ENTROPY=True, ARGMAX=True, ZSUM=True, SQ=True,
-               BLOCK_R=128)  # fmt: skip
+               900, blocks, -100, BLOCK_R=128, **kw)  # fmt: skip
         runs.append(outs)
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
