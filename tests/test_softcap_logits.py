@@ -8,7 +8,11 @@ import triton.language as tl
 from helpers import head_inputs
 
 from opcontract import ContractViolation, dispatch
-from opcontract.backends.triton.softcap_logprob_kernels import _merge_one, _merge_store
+from opcontract.backends.triton.softcap_logprob_kernels import (
+    _merge_one,
+    _merge_start,
+    _merge_store,
+)
 from opcontract.outputs import SamplerHeadOutput
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton: interpreter on the CPU
@@ -111,14 +115,7 @@ def _merge_one_block_at_a_time(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
                                smooth_ptr, zmean_ptr, sq_ptr, T, V, NUM_BLOCKS, ignore_index,
                                BLOCK_R: tl.constexpr):
     """The reference merge: each block read as it is merged, every output on."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < T
-    run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    run_sum = tl.zeros((BLOCK_R,), tl.float32)
-    run_zs = tl.zeros((BLOCK_R,), tl.float32)
-    arg_idx = tl.zeros((BLOCK_R,), tl.int64)
-    run_zsum = tl.zeros((BLOCK_R,), tl.float32)
-    run_sq = tl.zeros((BLOCK_R,), tl.float32)
+    rows, row_ok, run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_start(T, BLOCK_R)
     for b in range(0, NUM_BLOCKS):
         part = b * T + rows.to(tl.int64)
         run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_one(

@@ -200,6 +200,16 @@ def _partials_tma_kernel(h_desc, w_desc, t_ptr, pmax_ptr, psum_ptr, pzs_ptr, par
 
 
 @triton.jit
+def _merge_start(T, BLOCK_R: tl.constexpr):
+    """The program's rows, which of them exist, and their empty running state (max -inf,
+    sums 0, argmax 0): what ``_merge_one`` folds blocks onto."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    zero = tl.zeros((BLOCK_R,), tl.float32)
+    return (rows, rows < T, tl.full((BLOCK_R,), float("-inf"), tl.float32), zero, zero,
+            tl.zeros((BLOCK_R,), tl.int64), zero, zero)
+
+
+@triton.jit
 def _merge_store(run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq, zt_ptr, t_ptr,
                  logprob_ptr, lse_ptr, entropy_ptr, meanz_ptr, pred_ptr, smooth_ptr, zmean_ptr,
                  sq_ptr, rows, row_ok, V, ignore_index, ENTROPY: tl.constexpr,
@@ -326,14 +336,7 @@ def _merge_kernel(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr, psq_ptr, zt_
     sets the pace (on the H100, 245 -> 129 us at T = 1 and 322 -> 132 us at T = 64 with
     every output on, against a loop that read each block as it merged it, same bits:
     benchmarks/results/sampler_head_apart_h100.json)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < T
-    run_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    run_sum = tl.zeros((BLOCK_R,), tl.float32)
-    run_zs = tl.zeros((BLOCK_R,), tl.float32)
-    arg_idx = tl.zeros((BLOCK_R,), tl.int64)
-    run_zsum = tl.zeros((BLOCK_R,), tl.float32)
-    run_sq = tl.zeros((BLOCK_R,), tl.float32)
+    rows, row_ok, run_max, run_sum, run_zs, arg_idx, run_zsum, run_sq = _merge_start(T, BLOCK_R)
     a_m, a_s, a_zs, a_i, a_z, a_q = _load_four(pmax_ptr, psum_ptr, pzs_ptr, parg_ptr, pzsum_ptr,
                                                psq_ptr, 0, rows, row_ok, T, NUM_BLOCKS,
                                                ENTROPY, ARGMAX, ZSUM, SQ)
