@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -33,18 +32,10 @@ HQ, HKV, D, WINDOW = 32, 2, 128, 2048
 def kernel_ms(fn, runs: int = 5) -> dict[str, float]:
     """Milliseconds of GPU time per call, by kernel name (the Triton kernels by name, the
     rest summed as ``other``)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            fn()
-        torch.cuda.synchronize()
     out: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
-        name = e.name if e.name.startswith("_attn") else "other"
-        out[name] = out.get(name, 0.0) + e.device_time_total / 1e3 / runs
+    for name, us in common.kernel_us(fn, calls=runs).items():
+        name = name if name.startswith("_attn") else "other"
+        out[name] = out.get(name, 0.0) + us / 1e3
     return out
 
 

@@ -121,6 +121,25 @@ def copy_gbps(nbytes: int = 4 << 30) -> float:
     return 2 * x.numel() / ms / 1e6
 
 
+def kernel_us(fn, calls: int = 1, warm: bool = True) -> collections.Counter:
+    """GPU microseconds per call of ``fn``, by kernel name (torch.profiler's CUDA events over
+    ``calls`` calls, after one unprofiled call where ``warm``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if warm:
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: collections.Counter = collections.Counter()
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            out[e.name] += e.device_time_total / calls
+    return out
+
+
 def peak_extra_bytes(fn) -> int:
     """Peak device memory allocated during ``fn()`` above what was allocated before it."""
     torch.cuda.synchronize()

@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -31,14 +30,9 @@ from hf_train_rollout_gpu import make_model, prompts  # noqa: E402
 
 def kernel_us(fn) -> collections.Counter:
     """Device microseconds per kernel name over one call of ``fn``."""
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
     out: collections.Counter = collections.Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            out[e.name[:90]] += e.device_time_total
+    for name, us in common.kernel_us(fn, calls=1, warm=False).items():
+        out[name[:90]] += us
     return out
 
 

@@ -50,21 +50,9 @@ def cute_gemm(cfg: dict):
     return mm
 
 
-def kernel_us(fn, calls: int = 10) -> dict[str, float]:
-    """GPU time per call of each kernel ``fn`` launches (torch.profiler), by kernel name."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
-            out[e.key[:60]] = round(e.self_device_time_total / calls, 2)
-    return out
+def kernel_us(fn) -> dict[str, float]:
+    """GPU time per call of each kernel ``fn`` launches, by name (ten calls)."""
+    return {k[:60]: round(v, 2) for k, v in common.kernel_us(fn, calls=10).items() if v > 0}
 
 
 def merge_rows(T: int, n_blocks: int, gen) -> list[dict]:
