@@ -387,16 +387,20 @@ def _logits_cute(hidden, weight_rows, acc):
     gemm(hidden, weight_rows, out=acc)
 
 
-def _logits_decode(hidden, weight_rows, acc):
-    """``_logits_triton`` at DECODE_GEMM's row tile for T (the schedule "apart"): the dense
-    GEMM's kernel, whose tiles never move a bit (dense_gemm's tuner verifies that)."""
+def logits_dense(hidden, weight_rows, acc, tile: dict):
+    """acc [T, n] float32 = hidden @ weight_rows.T by the dense GEMM's kernel at ``tile``
+    (keys of its CONFIG), whose tiles never move a bit (dense_gemm's tuner verifies that)."""
     from opcontract.backends.triton import dense_gemm as tdg
 
     T, H = hidden.shape
-    n = weight_rows.shape[0]
-    cfg = dict(tdg.CONFIG, **DECODE_GEMM[16 if T <= 16 else 64], parallel_partials=False)
-    tdg._gemm(hidden, weight_rows, acc, None, T, n, H, (hidden.stride(0), 1),
+    cfg = dict(tdg.CONFIG, **tile, parallel_partials=False)
+    tdg._gemm(hidden, weight_rows, acc, None, T, weight_rows.shape[0], H, (hidden.stride(0), 1),
               (1, weight_rows.stride(0)), cfg)  # fmt: skip
+
+
+def _logits_decode(hidden, weight_rows, acc):
+    """``logits_dense`` at DECODE_GEMM's row tile for T (the schedule "apart")."""
+    logits_dense(hidden, weight_rows, acc, DECODE_GEMM[16 if hidden.shape[0] <= 16 else 64])
 
 
 # The schedule "apart" at decode sizes: the weight streams through narrow row tiles of the
