@@ -4,12 +4,19 @@ bitwise against the training configuration's (block_m 128, two stages, fused) on
 inputs, with each compiled kernel's registers, spills and shared memory.
 
     python benchmarks/attention_decode_explore.py --out benchmarks/results/X.json \
-        [--B 1,8,64,256] [--L 8192,32768] [--block-m 16,64] [--interior 0,1]
+        [--B 1,8,64,256] [--L 8192,32768] [--block-m 16,64] [--interior 0,1] \
+        [--before MODULE]
+
+``--before``: a module holding an earlier ``gated_attention_kernels`` (e.g. ``git show
+REV:opcontract/backends/triton/gated_attention_kernels.py > benchmarks/_kernels_before.py``,
+then ``--before _kernels_before``): the reference is then its training configuration, so
+every row also says whether the current kernels keep the earlier bits.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import sys
 import time
@@ -53,7 +60,9 @@ def kernels_seen() -> list[dict]:
 
 
 def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
+    import opcontract.backends.triton as tpkg
     from opcontract.backends.triton import gated_attention as tga
+    from opcontract.backends.triton import gated_attention_kernels as now
     from opcontract.backends.triton import launch
 
     q, k, v, gate, pos, seq, table, key_len = inputs(B, L)
@@ -72,21 +81,28 @@ def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
         fn()
         return fn, out, lse, plan
 
-    _, ref_out, ref_lse, _ = run(TRAINING)
-    ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
-    for split, bm, w, st, inner in itertools.product(
-        map(int, a.split.split(",")), map(int, a.block_m.split(",")),
-        map(int, a.warps.split(",")), map(int, a.stages.split(",")),
-        map(int, a.interior.split(",")),
-    ):  # fmt: skip
-        cfg = {"split": split, "block_m": bm, "num_warps": w, "num_stages": st, "interior": inner}
-        row = dict(B=B, L=L, **cfg)
+    if a.before:  # what the host wrapper imports at each launch
+        launch.clear()
+        tpkg.gated_attention_kernels = importlib.import_module(a.before)
+    try:
+        _, ref_out, ref_lse, _ = run(TRAINING)
+        ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
+    finally:
+        tpkg.gated_attention_kernels = now
+    grid = [{"split": split, "block_m": bm, "num_warps": w, "num_stages": st, "interior": inner}
+            for split, bm, w, st, inner in itertools.product(
+                map(int, a.split.split(",")), map(int, a.block_m.split(",")),
+                map(int, a.warps.split(",")), map(int, a.stages.split(",")),
+                map(int, a.interior.split(",")))]  # fmt: skip
+    for cfg in ([dict(TRAINING)] if a.before else []) + grid:
+        row = dict(B=B, L=L, **cfg)  # (with --before, the first row: the training config)
         try:
             launch.clear()
             fn, out, lse, plan = run(cfg)
             torch.cuda.synchronize()
             row["bits_equal"] = bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse))
             row["differ_rows"] = int((out != ref_out).any(-1).sum())
+            row["differ_lse"] = int((lse != ref_lse).sum())
             ms = common.bench_graph(fn, rep_ms=60)
             row.update(ms=ms, gbps=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy,
                        fused=not plan.split)  # fmt: skip
@@ -108,10 +124,13 @@ def main() -> None:
     ap.add_argument("--split", default="0,1")
     ap.add_argument("--interior", default="0")
     ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
+    ap.add_argument("--before", default=None, help="earlier kernels' module: the reference")
     a = ap.parse_args()
     copy = common.copy_gbps()
     payload = {"benchmark": "attention_decode_explore", "env": common.env_stamp(),
                "ceilings": {"copy_gbps": copy}, "reference_config": TRAINING,
+               "reference_kernels": a.before or "current",
+               "command": " ".join(["python", *sys.argv]),
                "rows": [], "kernels": {}, "note": a.note}  # fmt: skip
     t0 = time.time()
     for L, B in itertools.product(map(int, a.L.split(",")), map(int, a.B.split(","))):

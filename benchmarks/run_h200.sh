@@ -138,6 +138,16 @@ for s in "$@"; do
                 --split 1 --block-m 64 --warps 4 --stages 1,2 --interior 0,1 --B 1,8,64 \
                 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_options_h200.json" ;;
+        row-sum)  # the block row sum written out (_block_sum): the earlier kernels' bits kept
+            # (benchmarks/_kernels_before.py: git show REV:opcontract/backends/triton/
+            # gated_attention_kernels.py), and 16-row decode tiles against them
+            stage row-sum-decode 420 python3 benchmarks/attention_decode_explore.py \
+                --before _kernels_before --split 1 --block-m 16,64 --warps 4 --stages 1,2 \
+                --interior 1 --B "${ROW_SUM_B:-1,8,64,256}" --L 8192,32768 \
+                --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_row_sum_decode_h200.json"
+            stage row-sum-forward 240 python3 benchmarks/attention_forward_explore.py \
+                --before _kernels_before --lengths 8192,16384 --configs '[{}]' \
+                --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_row_sum_forward_h200.json" ;;
         attention-decode) stage attention-decode 400 python3 benchmarks/attention.py --parts decode \
             --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_decode_h200_${LABEL}.json" ;;
         decode-split) stage decode-split 240 python3 benchmarks/decode_host_split.py \

@@ -4,9 +4,12 @@ KV cache's pages and whenever it evicts; gradients of a sequence don't see its n
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from opcontract import ContractViolation, attention, dispatch
 from opcontract.backends.torch.gated_attention import reference
+from opcontract.backends.triton.gated_attention_kernels import _block_sum
 
 HQ, HKV, D = 4, 2, 8
 
@@ -341,6 +344,49 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@triton.jit
+def _row_sums_kernel(p_ptr, out_ptr, M: tl.constexpr, CUMSUM: tl.constexpr):
+    r = tl.arange(0, M)
+    c = tl.arange(0, 128)
+    p = tl.load(p_ptr + r[:, None] * 128 + c[None, :])
+    tl.store(out_ptr + r, _block_sum(p, 128, CUMSUM))
+
+
+def _documented_row_sum(p: torch.Tensor) -> torch.Tensor:
+    """The block row sum's order, one float32 addition at a time: key j = 8 u + 2 w + v;
+    per w the keys (u, v) = (0, 0), (0, 1), (1, 0), ... one after another, then
+    (S0 + S2) + (S1 + S3)."""
+    x = p.reshape(p.shape[0], 16, 4, 2)
+    sums = []
+    for w in range(4):
+        terms = [x[:, u, w, v] for u in range(16) for v in range(2)]
+        acc = terms[0] + terms[1]
+        for t in terms[2:]:
+            acc = acc + t
+        sums.append(acc)
+    return (sums[0] + sums[2]) + (sums[1] + sums[3])
+
+
+@pytest.mark.parametrize("rows", [16, 64, 128])
+def test_the_block_row_sum_takes_its_documented_order(rows, monkeypatch):
+    """``_block_sum`` adds a block's 128 weights in one written-out order (the one Triton
+    3.6's ``tl.sum`` takes over a wgmma tile's rows), whatever the tile's size or layout:
+    16-row decode tiles on ``mma.sync`` then sum as the 64- and 128-row tiles do. Both
+    forms: the GPU's chain of additions and the interpreter's cumsum. Weights spread over
+    2^-30 .. 2^30, so that another order gives other bits in some row."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = torch.Generator().manual_seed(rows)
+    p = torch.exp2(torch.randn(rows, 128, generator=g) * 10)
+    for cumsum in (False, True):
+        got = torch.empty(rows)
+        _row_sums_kernel[(1,)](p, got, M=rows, CUMSUM=cumsum)
+        assert torch.equal(got, _documented_row_sum(p)), cumsum
+    left_to_right = p[:, 0].clone()
+    for j in range(1, 128):
+        left_to_right = left_to_right + p[:, j]
+    assert not torch.equal(got, left_to_right)  # the order shows in the bits
+
+
 def _grads(seqs, config, **kw):
     leaves = [[t.clone().requires_grad_() for t in s] for s in seqs]
     out = _packed(leaves, backend="triton", config=config, **kw)
@@ -372,7 +418,8 @@ def test_the_backwards_launch_options_give_the_same_bits(kw, monkeypatch):
                          ids=["global", "local"])  # fmt: skip
 def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
     """32 q heads on 2 KV heads, head_dim 128, bf16: the tensor cores give a token the same
-    bits in a training tile, a prefill chunk's tile and a decode tile, fused or split, with
+    bits in a training tile, a prefill chunk's tile and a decode tile (64 rows on wgmma, or
+    16 rows on mma.sync: one token's heads), fused or split, with
     the visibility mask on every block or only where a row doesn't see the whole block
     (``interior``: compiled for the GPU, a bare score product next to the subtraction would
     be contracted into an fma)."""
@@ -394,17 +441,19 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
         for a, b in zip(_grads(seqs, cfg, **kw), base, strict=True):
             assert torch.equal(a, b), cfg
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
-    for split, interior in ((0, 0), (1, 0), (0, 1), (1, 1)):
+    for split, interior, block_m in ((0, 0, 64), (1, 0, 64), (0, 1, 64), (1, 1, 64),
+                                     (1, 1, 16), (0, 1, 16)):
         cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                                        device="cuda", sequences=1, backend="triton",
-                                       config={"split": split, "interior": interior},
+                                       config={"split": split, "interior": interior,
+                                               "block_m": block_m},
                                        **kw)  # fmt: skip
         a = 0
         for n in (1, 127, 641, 2047, 179, 1, 1, 1, 1, 1):
             r = slice(a, a + n)
             out = cache.step(torch.zeros(n, dtype=torch.long), torch.arange(a, a + n), q[r],
                              k[r], v[r], gate[r])  # fmt: skip
-            assert torch.equal(out, train[r]), (split, interior, a, n)
+            assert torch.equal(out, train[r]), (split, interior, block_m, a, n)
             a += n
 
 

@@ -97,7 +97,7 @@ def no_readback(seq: torch.Tensor) -> bool:
 
 CONFIG_SPACE = {
     "split": (0, 1),  # split decode: chunk partials in parallel, then the ordered merge
-    "block_m": (64, 128),  # query rows (tokens x heads of a KV group) a tile
+    "block_m": (16, 64, 128),  # query rows (tokens x heads of a KV group) a tile
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3),
     # blocks every live row of a tile sees whole skip the visibility mask (same bits; on by
@@ -137,25 +137,28 @@ def default_config(call=None) -> dict:
     64, and two stages beat one at 4 of the 6 training shapes measured
     (attention_fastpass_h200.json, attention_forward_explore_h200.json), and the running O
     in registers (reg_o: the fused kernel 1.25-1.32x faster in GPU time at L = 8192 and
-    16384 global, 1.07-1.09x local, attention_kernel_time_reg_o_lean_h200.json). Smaller calls
-    (decode: 16 live rows a token): 64 rows, one stage, 4 warps, which read the cache
-    1.1-1.5x faster than 8 warps at every decode batch of 8 to 256 measured
-    (attention_decode_explore_h200.json, attention_decode_merge_h200.json), except a
-    single token (decode at B = 1), whose few programs each walk a chunk's blocks one after
-    another: two stages, 23.5 -> 20.1 us at L = 8192 and 34.3 -> 32.2 us at 32768 (at B = 8
-    and 64 one stage stays faster; attention_decode_single_pass_h200.json). The contract
+    16384 global, 1.07-1.09x local, attention_kernel_time_reg_o_lean_h200.json). Decode calls
+    (at most one query token a sequence): tiles of 16 rows (one token's 16 heads), two
+    stages, 4 warps (``_one_token_a_sequence``). Other smaller calls (prefill chunks): 64
+    rows, one stage, 4 warps, which read the cache 1.1-1.5x faster than 8 warps at every
+    decode batch of 8 to 256 measured (attention_decode_explore_h200.json,
+    attention_decode_merge_h200.json), except a single token, two stages (23.5 -> 20.1 us at
+    L = 8192 and 34.3 -> 32.2 us at 32768, attention_decode_single_pass_h200.json). The contract
     fixes no tile: no choice here changes a bit (the same files, attention_configs_h200.json).
     The backward from 1024 rows: dq in tiles of 128 rows and both gradient kernels with two
     stages, forward+backward 1.37-1.48x faster in GPU time than 64 rows and one stage at
     L = 8192 and 16384, global and local (8 warps: 4 ran 1.6-2.5x slower;
     attention_backward_options_h200.json)."""
-    return _defaults((getattr(call, "sizes", None) or {}).get("T"))
+    sizes = getattr(call, "sizes", None) or {}
+    return _defaults(sizes.get("T"), sizes.get("S"))
 
 
-def _defaults(T: int | None) -> dict:
-    """default_config's choices for a call of T query rows (None: unknown)."""
-    return {"split": -1, "block_m": _block_m(T), "num_warps": _warps(T),
-            "num_stages": _stages(T), "interior": 1, "flat": 0,
+def _defaults(T: int | None, S: int | None = None) -> dict:
+    """default_config's choices for a call of T query rows over S sequences (None:
+    unknown)."""
+    decode = _one_token_a_sequence(T, S)
+    return {"split": -1, "block_m": 16 if decode else _block_m(T), "num_warps": _warps(T),
+            "num_stages": 2 if decode else _stages(T), "interior": 1, "flat": 0,
             "reg_o": int(T is not None and T >= 1024),
             "bwd_block_m": _block_m(T), "bwd_warps": 8,
             "bwd_stages": 2 if T is not None and T >= 1024 else 1,
@@ -164,6 +167,18 @@ def _defaults(T: int | None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0}  # fmt: skip
+
+
+def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
+    """A decode call (at most one query row a sequence): its tiles hold one token's G heads
+    whatever their size, so the forward takes tiles of 16 rows (raised to G where G is
+    larger), which waste no MMA rows. Their bits are the 64- and 128-row tiles' (the block
+    row sum is written out in one order, ``_block_sum``): on an H100, 0 of 40 decode
+    configurations differed in out or lse from the earlier kernels' training tile, and
+    they read the cache at 0.62 / 0.88 / 0.92 of the copy rate at B = 8 / 64 / 256,
+    L = 8192 (two stages), where 64 rows read at 0.53 / 0.68 / 0.72
+    (attention_row_sum_decode_h100.json)."""
+    return T is not None and S is not None and 0 < T <= S
 
 
 def _block_m(T: int | None) -> int:
@@ -246,7 +261,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     """The plan of a forward call. ``config`` keys: CONFIG_SPACE's (split -1: decide by
     occupancy); no choice changes a bit. ``place``: the tile table on q's device (else
     where it was computed, for the caller to place)."""
-    cfg = _defaults(q.shape[0])
+    cfg = _defaults(q.shape[0], block_rows.shape[0])
     cfg.update(config or {})
     _, Hq, D = q.shape
     Hkv = k.shape[1]

@@ -36,6 +36,71 @@ def _row_max(s):
 
 
 @triton.jit
+def _lo_hi(x):
+    """[M, R, 2n] -> its first and last n along the last axis."""
+    M: tl.constexpr = x.shape[0]
+    R: tl.constexpr = x.shape[1]
+    N: tl.constexpr = x.shape[2]
+    return tl.split(tl.permute(tl.reshape(x, [M, R, 2, N // 2]), (0, 1, 3, 2)))
+
+
+@triton.jit
+def _chain2(acc, x, FIRST: tl.constexpr):
+    """acc + x[..., 0] + x[..., 1], one after another (FIRST: x[..., 0] + x[..., 1])."""
+    a, b = tl.split(x)
+    if FIRST:
+        return a + b
+    else:
+        return (acc + a) + b
+
+
+@triton.jit
+def _chain4(acc, x, FIRST: tl.constexpr):
+    lo, hi = _lo_hi(x)
+    return _chain2(_chain2(acc, lo, FIRST), hi, False)
+
+
+@triton.jit
+def _chain8(acc, x, FIRST: tl.constexpr):
+    lo, hi = _lo_hi(x)
+    return _chain4(_chain4(acc, lo, FIRST), hi, False)
+
+
+@triton.jit
+def _chain16(acc, x, FIRST: tl.constexpr):
+    lo, hi = _lo_hi(x)
+    return _chain8(_chain8(acc, lo, FIRST), hi, False)
+
+
+@triton.jit
+def _chain32(x):
+    lo, hi = _lo_hi(x)
+    return _chain16(_chain16(x, lo, True), hi, False)
+
+
+@triton.jit
+def _block_sum(p, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    """Each row's sum of its BLOCK (128) weights (>= 0 or NaN) in one fixed order, whatever
+    the tile's layout: key j = 8 u + 2 w + v (u < 16, w < 4, v < 2); for each w, the 32
+    keys (u, v) = (0, 0), (0, 1), (1, 0), ... added one after another; then the four w sums
+    as (S0 + S2) + (S1 + S3). (This is the order Triton 3.6 gives ``tl.sum`` over a wgmma
+    accumulator's rows, written out, so 16-row tiles on ``mma.sync`` sum the same way.)
+    Interpreting, the chain is numpy's cumsum (sequential, the same additions; its last
+    element picked by a sum with zeros, exact): a few array operations, not a hundred."""
+    tl.static_assert(BLOCK == 128)
+    BLOCK_M: tl.constexpr = p.shape[0]
+    x = tl.permute(tl.reshape(p, [BLOCK_M, 16, 4, 2]), (0, 2, 1, 3))  # [rows, w, u, v]
+    x = tl.reshape(x, [BLOCK_M, 4, 32])
+    if INTERPRET:
+        last = tl.arange(0, 32)[None, None, :] == 31
+        s = tl.sum(tl.where(last, tl.cumsum(x, axis=2), 0.0), axis=2)
+    else:
+        s = _chain32(x)  # [rows, w]
+    s = tl.sum(tl.reshape(s, [BLOCK_M, 2, 2]), axis=1)  # S_w + S_(w+2): a sum of two
+    return tl.sum(s, axis=1)  # (S0 + S2) + (S1 + S3)
+
+
+@triton.jit
 def _mm_nt(a, b, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
     """a [M, K] . b [N, K]^T, float32 accumulation. Interpreting, 16-bit floats are raw bits
     and numpy's matmul rounds a row differently with the rows beside it: explicit products
@@ -133,7 +198,7 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
         m_ref = m_new
     a = tl.exp2(m - m_ref)
     p = tl.exp2(s - m_ref[:, None])
-    lsum = lsum * a + tl.sum(p, axis=1)
+    lsum = lsum * a + _block_sum(p, BLOCK, INTERPRET)
     o = o * a[:, None]
     pin = cast(p, vt.dtype, INTERPRET)
     if SAFE:
