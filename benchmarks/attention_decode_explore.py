@@ -5,7 +5,7 @@ inputs, with each compiled kernel's registers, spills and shared memory.
 
     python benchmarks/attention_decode_explore.py --out benchmarks/results/X.json \
         [--B 1,8,64,256] [--L 8192,32768] [--block-m 16,64] [--interior 0,1] \
-        [--before MODULE]
+        [--before MODULE] [--kernel-us]
 
 ``--before``: a module holding an earlier ``gated_attention_kernels`` (e.g. ``git show
 REV:opcontract/backends/triton/gated_attention_kernels.py > benchmarks/_kernels_before.py``,
@@ -106,6 +106,9 @@ def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
             ms = common.bench_graph(fn, rep_ms=60)
             row.update(ms=ms, gbps=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy,
                        fused=not plan.split)  # fmt: skip
+            if a.kernel_us:  # GPU time per call by kernel (the chunks, the merge)
+                row["kernel_us"] = {k: round(v, 2) for k, v in
+                                    common.kernel_us(fn, calls=20).items()}  # fmt: skip
             payload["kernels"][str(cfg)] = kernels_seen()
         except Exception as e:  # noqa: BLE001
             row["error"] = repr(e)[:300]
@@ -125,6 +128,7 @@ def main() -> None:
     ap.add_argument("--interior", default="0")
     ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
     ap.add_argument("--before", default=None, help="earlier kernels' module: the reference")
+    ap.add_argument("--kernel-us", action="store_true", help="GPU time per call by kernel")
     a = ap.parse_args()
     copy = common.copy_gbps()
     payload = {"benchmark": "attention_decode_explore", "env": common.env_stamp(),
