@@ -149,8 +149,8 @@ for s in "$@"; do
                 --before _kernels_before --lengths 8192,16384 --configs '[{}]' \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_row_sum_forward_h200.json" ;;
         decode-kernels)  # split decode's GPU time by kernel (chunks, merge) at the defaults' tiles
-            stage decode-kernels 200 python3 benchmarks/attention_decode_explore.py --kernel-us \
-                --split 1 --block-m 16 --warps 4 --stages 1,2 --interior 1 --B 1,8,64 \
+            stage decode-kernels 240 python3 benchmarks/attention_decode_explore.py --kernel-us \
+                --split 1 --block-m 16 --warps 4 --stages 1,2 --interior 1 --merge-in 0,1 --B 1,8,64 \
                 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_kernels_${LABEL}.json" ;;
         attention-decode) stage attention-decode 400 python3 benchmarks/attention.py --parts decode \

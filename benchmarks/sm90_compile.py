@@ -18,7 +18,8 @@ _INDEX = dict(positions_ptr=I32, block_rows_ptr=I32, key_len_ptr=I32, tile_ptr=I
 _SIZES = dict(T="i32", N="i32", Hq="i32", Hkv="i32", G="i32", D="i32", NB="i32")
 SIGNATURES = {
     "_attn_chunk_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, **_INDEX, part_m_ptr=F, part_l_ptr=F,
-                               part_o_ptr=F, **_SIZES, NC="i32", window="i32", c="fp32"),
+                               part_o_ptr=F, gate_ptr=P, out_ptr=P, attn_ptr=F, lse_ptr=F,
+                               count_ptr=I32, **_SIZES, NC="i32", window="i32", c="fp32"),
     "_attn_fwd_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, gate_ptr=P, **_INDEX, out_ptr=P,
                              attn_ptr=F, lse_ptr=F, go_ptr=I32, redo_ptr=I32, **_SIZES,
                              window="i32", c="fp32"),

@@ -303,8 +303,9 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
         assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
 
 
-VARIANTS = [  # (split, interior, flat, reg_o) beside the plain fused and split kernels
-    (0, 1, 0, 0), (0, 0, 1, 0), (0, 1, 1, 0), (1, 1, 0, 0), (0, 1, 0, 1), (0, 0, 0, 1),
+VARIANTS = [  # (split, interior, flat, reg_o, merge_in) beside the plain fused and split kernels
+    (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 1, 0, 0), (1, 1, 0, 0, 0), (0, 1, 0, 1, 0),
+    (0, 0, 0, 1, 0), (1, 1, 0, 0, 1),
 ]
 
 
@@ -313,20 +314,22 @@ VARIANTS = [  # (split, interior, flat, reg_o) beside the plain fused and split 
 def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     """``interior`` (blocks every live row of a tile sees whole skip the visibility mask),
     ``flat`` (the fused kernel's blocks in one loop, each chunk merged inside it) and
-    ``reg_o`` (the running O in registers, not in the attn output between chunks), each with
+    ``reg_o`` (the running O in registers, not in the attn output between chunks) and
+    ``merge_in`` (split decode's merge by each tile's last chunk program), each with
     the tiles launched in either order (``heavy_first``): packed
     (tiles across sequence and window edges) and left-padded (rows without a query in a
-    tile), with a NaN value and an infinite key: the plain kernels' bits."""
+    tile, and tiles without one), with a NaN value and an infinite key: the plain kernels'
+    bits."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     seqs = [list(t) for t in _seqs([700, 260, 9], torch.bfloat16, seed=13)]
     seqs[0][2][200, 1, 3] = float("nan")
     seqs[1][1][100, 0, :] = float("inf")
     base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
             for split in (0, 1)}  # fmt: skip
-    for split, interior, flat, reg_o in VARIANTS:
+    for split, interior, flat, reg_o, merge_in in VARIANTS:
         for heavy_first in (0, 1):
             cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o,
-                   "heavy_first": heavy_first}  # fmt: skip
+                   "heavy_first": heavy_first, "merge_in": merge_in}  # fmt: skip
             got = _packed(seqs, backend="triton", config=cfg, **kw)
             torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
                                        msg=str(cfg))  # fmt: skip
@@ -338,10 +341,20 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     mask[1, :37] = 0  # left padding: a tile holds rows without a query
     mask[2, :250] = 0
     outs = [attention.padded(q, k, v, gate, mask, backend="triton",
-                             config={"split": 0, "interior": i, "flat": i, "reg_o": r},
+                             config={"split": sp, "interior": i, "flat": i, "reg_o": r,
+                                     "merge_in": sp},
                              **kw)
-            for i, r in ((0, 0), (1, 0), (1, 1))]  # fmt: skip
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+            for sp, i, r in ((0, 0, 0), (0, 1, 0), (0, 1, 1))]  # fmt: skip
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    # split in two chunks, a row's tiles all without a query: merged apart and in-program
+    q, k, v, gate = (torch.cat([t, t], dim=1) for t in (q, k, v, gate))
+    mask = torch.ones(B, 2 * L, dtype=torch.long)
+    mask[1, :37] = 0
+    mask[2, :560] = 0
+    outs = [attention.padded(q, k, v, gate, mask, backend="triton",
+                             config={"split": 1, "merge_in": mi}, **kw)
+            for mi in (0, 1)]  # fmt: skip
+    assert torch.equal(outs[0], outs[1])
 
 
 @triton.jit

@@ -127,6 +127,9 @@ CONFIG_SPACE = {
     # tiles launched last-first: a causal sequence's heaviest tiles (most keys) start first
     # instead of forming the last wave (the fused forward and dq; independent programs)
     "heavy_first": (0, 1),
+    # split decode in one launch: a tile's last chunk program to finish merges its partials
+    # (an arrival count per tile and KV head; the merge kernel's arithmetic and order)
+    "merge_in": (0, 1),
 }
 
 
@@ -166,7 +169,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # 64 keys a dk/dv program from T = 1024 (attention_backward_options_h100.json:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
-            "dkv_t": 0, "heavy_first": 0}  # fmt: skip
+            "dkv_t": 0, "heavy_first": 0, "merge_in": 0}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -254,6 +257,7 @@ class ForwardPlan:
     go: torch.Tensor | None = None  # ones: every program of the fast pass runs
     redo: torch.Tensor | None = None  # the fast pass's flags: the SAFE pass's programs
     partials: tuple[torch.Tensor, ...] = ()  # split: (m, l, o) of every chunk
+    counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
@@ -302,6 +306,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
+        if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
+            plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
     return plan
 
 
@@ -331,10 +337,14 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
     ieee = q.dtype == torch.float32
     if plan.split:  # chunk partials (each redone in its program if non-finite), then the merge
         part_m, part_l, part_o = plan.partials
+        merge_in = plan.counts is not None
+        counts = plan.counts if merge_in else key_len  # (not read without MERGE_IN)
         launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
-               key_len, plan.table, part_m, part_l, part_o, T, N, Hq, Hkv, G, D, NB,
-               plan.n_chunks, plan.window, plan.c, IEEE=ieee, INTERIOR=plan.interior,
-               **plan.meta)  # fmt: skip
+               key_len, plan.table, part_m, part_l, part_o, gate, out, attn, lse, counts, T, N,
+               Hq, Hkv, G, D, NB, plan.n_chunks, plan.window, plan.c, IEEE=ieee,
+               INTERIOR=plan.interior, MERGE_IN=merge_in, **plan.meta)  # fmt: skip
+        if merge_in:
+            return
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
         parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
         meta = {**plan.meta, "num_warps": 2, "num_stages": 1}

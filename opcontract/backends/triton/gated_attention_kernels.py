@@ -556,16 +556,22 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, gate_ptr, positions_ptr, block_rows_pt
 
 @triton.jit
 def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_len_ptr,
-                       tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, T, N, Hq, Hkv, G, D, NB,
-                       NC, window, c, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
-                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
-                       INTERIOR: tl.constexpr = False):
+                       tile_ptr, part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr, attn_ptr,
+                       lse_ptr, count_ptr, T, N, Hq, Hkv, G, D, NB, NC, window, c,
+                       LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                       CHUNK_BLOCKS: tl.constexpr, INTERIOR: tl.constexpr = False,
+                       MERGE_IN: tl.constexpr = False):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
     -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
     pass first; a partial that comes out non-finite is computed again by the SAFE pass in
-    the same program (one launch; a chunk with finite values never takes the second)."""
+    the same program (one launch; a chunk with finite values never takes the second).
+    MERGE_IN: the tile's last chunk program to finish (a per tile and KV head arrival count,
+    which it sets back to 0) then merges every partial of the tile in ascending order and
+    finishes, as ``_attn_merge_kernel`` does (the same per-element arithmetic: the same
+    bits), so a decode step is one launch; a tile none of whose rows has a query is
+    finished empty by its program 0."""
     tile = tl.program_id(0)
     i = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -573,6 +579,14 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ch = b_lo // CHUNK_BLOCKS + i
+    n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
+    if MERGE_IN:
+        if (n <= 0) & (i == 0):
+            r = tl.arange(0, BLOCK_M)
+            d = tl.arange(0, BLOCK_D)
+            _merge_and_finish(part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr, attn_ptr,
+                              lse_ptr, tile, 0, NC, Hkv, kvh, token, g, live, Hq, G, D, r, d,
+                              INTERPRET, BLOCK_M, BLOCK_D, True)
     if ch <= b_hi // CHUNK_BLOCKS:
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
@@ -590,19 +604,33 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
         tl.store(part_m_ptr + slot * BLOCK_M + r, m)
         tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
         tl.store(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], o)
+        if MERGE_IN:
+            # every thread's stores issued, then one release/acquire count at GPU scope: the
+            # last to arrive sees every partial of the tile
+            tl.debug_barrier()
+            counter = count_ptr + tile * Hkv + kvh
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == n - 1:
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # for the next call
+                tl.debug_barrier()
+                _merge_and_finish(part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr,
+                                  attn_ptr, lse_ptr, tile, n, NC, Hkv, kvh, token, g, live, Hq,
+                                  G, D, r, d, INTERPRET, BLOCK_M, BLOCK_D, True)
 
 
 @triton.jit
 def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr = False):
     """Chunk i's partial (m, l, o, any row saw a key) of ``_attn_chunk_kernel`` for rows r,
-    channels d; past the tile's last chunk (i >= n) nothing is read and any is False."""
+    channels d; past the tile's last chunk (i >= n) nothing is read and any is False. CG:
+    loaded past the SM's L1 (other programs of the same launch wrote them)."""
     slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
     ok = (r * 0 + i) < n  # per row: the interpreter masks with tensors only
-    m = tl.load(part_m_ptr + slot * BLOCK_M + r, mask=ok, other=float("-inf"))
-    lraw = tl.load(part_l_ptr + slot * BLOCK_M + r, mask=ok, other=-1.0)
+    cm: tl.constexpr = ".cg" if CG else ""
+    m = tl.load(part_m_ptr + slot * BLOCK_M + r, mask=ok, other=float("-inf"), cache_modifier=cm)
+    lraw = tl.load(part_l_ptr + slot * BLOCK_M + r, mask=ok, other=-1.0, cache_modifier=cm)
     o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :],
-                mask=ok[:, None], other=0.0)  # fmt: skip
+                mask=ok[:, None], other=0.0, cache_modifier=cm)  # fmt: skip
     return m, lraw, o, ok
 
 
@@ -618,6 +646,46 @@ def _merge_loaded(run_m, run_l, run_o, m, lraw, o, ok):
 
 
 @triton.jit
+def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, d,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                  COLS: tl.constexpr, CG: tl.constexpr):
+    """The tile's n chunk partials (rows r, channels d) merged in ascending order from the
+    empty state, read four chunks at a time (all four loads in flight before the first of
+    their merges; the merges stay one after another): the chain waits on memory once per
+    four."""
+    run_m = tl.full((ROWS,), float("-inf"), tl.float32)
+    run_l = tl.zeros((ROWS,), tl.float32)
+    run_o = tl.zeros((ROWS, COLS), tl.float32)
+    for i in range(0, n, 4):
+        m0, l0, o0, ok0 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC,
+                                        Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+        m1, l1, o1, ok1 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 1, n,
+                                        NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+        m2, l2, o2, ok2 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 2, n,
+                                        NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+        m3, l3, o3, ok3 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 3, n,
+                                        NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, ok0)
+        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, ok1)
+        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, ok2)
+        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, ok3)
+    return run_m, run_l, run_o
+
+
+@triton.jit
+def _merge_and_finish(part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr, attn_ptr, lse_ptr,
+                      tile, n, NC, Hkv, kvh, token, g, live, Hq, G, D, r, d,
+                      INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                      CG: tl.constexpr):
+    """A whole tile's merge and finish (rows r = every tile row, channels d = all)."""
+    run_m, run_l, run_o = _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv,
+                                        kvh, r, d, BLOCK_M, BLOCK_D, BLOCK_M, BLOCK_D, CG)
+    q_off, head, dmask = _q_offsets(token, g, kvh, G, Hq, D, BLOCK_D)
+    _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
+            dmask, Hq, INTERPRET, live)
+
+
+@triton.jit
 def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_ptr, part_l_ptr,
                        part_o_ptr, out_ptr, attn_ptr, lse_ptr, T, Hq, Hkv, G, D, NC, window,
                        LOCAL: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -627,9 +695,7 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
     rows x COLS channels of the tile (part = row group * channel blocks + channel block) in
     ascending chunk order by ``_merge`` and finishes them as the fused kernel does. The
     merge is per element (each row's factors from its own m), so how the tile is cut into
-    programs changes no bit; a row group without a query row exits. The partials are read
-    four chunks at a time, all four loads in flight before the first of their merges (the
-    merges stay one after another, ascending): the chain waits on memory once per four."""
+    programs changes no bit; a row group without a query row exits (``_merge_chunks``)."""
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -649,23 +715,9 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
         d = c0 + tl.arange(0, COLS)
         dmask = d[None, :] < D
         q_off = (token_r.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
-        run_m = tl.full((ROWS,), float("-inf"), tl.float32)
-        run_l = tl.zeros((ROWS,), tl.float32)
-        run_o = tl.zeros((ROWS, COLS), tl.float32)
         n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
-        for i in range(0, n, 4):
-            m0, l0, o0, ok0 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC,
-                                            Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
-            m1, l1, o1, ok1 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 1, n,
-                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
-            m2, l2, o2, ok2 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 2, n,
-                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
-            m3, l3, o3, ok3 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 3, n,
-                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D)
-            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, ok0)
-            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, ok1)
-            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, ok2)
-            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, ok3)
+        run_m, run_l, run_o = _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC,
+                                            Hkv, kvh, r, d, BLOCK_M, BLOCK_D, ROWS, COLS, False)
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token_r, head,
                 live_r, dmask, Hq, INTERPRET, live_r & (r * 0 + c0 == 0))
 
