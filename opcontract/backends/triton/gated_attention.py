@@ -130,6 +130,9 @@ CONFIG_SPACE = {
     # split decode in one launch: a tile's last chunk program to finish merges its partials
     # (an arrival count per tile and KV head; the merge kernel's arithmetic and order)
     "merge_in": (0, 1),
+    # the merge kernel's pipeline stages (its loop reads four chunks' partials an iteration:
+    # more stages read the next four while these merge; no order changes)
+    "merge_stages": (1, 2, 3),
 }
 
 
@@ -169,7 +172,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # 64 keys a dk/dv program from T = 1024 (attention_backward_options_h100.json:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
-            "dkv_t": 0, "heavy_first": 0, "merge_in": 0}  # fmt: skip
+            "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -258,6 +261,7 @@ class ForwardPlan:
     redo: torch.Tensor | None = None  # the fast pass's flags: the SAFE pass's programs
     partials: tuple[torch.Tensor, ...] = ()  # split: (m, l, o) of every chunk
     counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
+    merge_stages: int = 1
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
@@ -306,6 +310,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         part_m = torch.empty(slots, dtype=torch.float32, device=q.device)
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
+        plan.merge_stages = int(cfg.get("merge_stages", 1))
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
     return plan
@@ -347,7 +352,7 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
             return
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
         parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
-        meta = {**plan.meta, "num_warps": 2, "num_stages": 1}
+        meta = {**plan.meta, "num_warps": 2, "num_stages": plan.merge_stages}
         launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
                part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
                plan.window, ROWS=rows, COLS=cols, **meta)  # fmt: skip

@@ -619,22 +619,6 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
 
 
 @triton.jit
-def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr = False):
-    """Chunk i's partial (m, l, o, any row saw a key) of ``_attn_chunk_kernel`` for rows r,
-    channels d; past the tile's last chunk (i >= n) nothing is read and any is False. CG:
-    loaded past the SM's L1 (other programs of the same launch wrote them)."""
-    slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
-    ok = (r * 0 + i) < n  # per row: the interpreter masks with tensors only
-    cm: tl.constexpr = ".cg" if CG else ""
-    m = tl.load(part_m_ptr + slot * BLOCK_M + r, mask=ok, other=float("-inf"), cache_modifier=cm)
-    lraw = tl.load(part_l_ptr + slot * BLOCK_M + r, mask=ok, other=-1.0, cache_modifier=cm)
-    o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :],
-                mask=ok[:, None], other=0.0, cache_modifier=cm)  # fmt: skip
-    return m, lraw, o, ok
-
-
-@triton.jit
 def _merge_loaded(run_m, run_l, run_o, m, lraw, o, ok):
     """``_merge`` of a loaded partial; a partial past the tile's last chunk leaves the
     running state as it is (selected, not computed: no bit moves)."""
@@ -646,29 +630,79 @@ def _merge_loaded(run_m, run_l, run_o, m, lraw, o, ok):
 
 
 @triton.jit
+def _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
+               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
+    """Chunks i .. i + 3's partials of rows r, channels d as one load each of m [4, rows],
+    l [4, rows] and o [4, rows, channels]; past the tile's last chunk (i >= n) nothing is
+    read: m -inf, l -1 (no key seen), o 0. CG: past the SM's L1 (other programs of the same
+    launch wrote them)."""
+    c4 = i + tl.arange(0, 4)
+    slot = (tile.to(tl.int64) * NC + c4) * Hkv + kvh
+    row = slot[:, None] * BLOCK_M + r[None, :]
+    ok = c4[:, None] < n
+    cm: tl.constexpr = ".cg" if CG else ""
+    m = tl.load(part_m_ptr + row, mask=ok, other=float("-inf"), cache_modifier=cm)
+    lraw = tl.load(part_l_ptr + row, mask=ok, other=-1.0, cache_modifier=cm)
+    o = tl.load(part_o_ptr + row[:, :, None] * BLOCK_D + d[None, None, :], mask=ok[:, :, None],
+                other=0.0, cache_modifier=cm)  # fmt: skip
+    return m, lraw, o
+
+
+@triton.jit
+def _split4(y):
+    """y [..., 2, 2] (the last two axes chunk // 2, chunk % 2) -> its four chunks."""
+    even, odd = tl.split(y)
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _rows4(x):
+    """x [4, rows] -> x[0], x[1], x[2], x[3] (exact: data moves only)."""
+    return _split4(tl.reshape(tl.permute(x, (1, 0)), [x.shape[1], 2, 2]))
+
+
+@triton.jit
+def _tiles4(x):
+    """x [4, rows, channels] -> x[0], x[1], x[2], x[3] (exact: data moves only)."""
+    return _split4(tl.reshape(tl.permute(x, (1, 2, 0)), [x.shape[1], x.shape[2], 2, 2]))
+
+
+@triton.jit
+def _merge_four(run_m, run_l, run_o, m4, l4, o4, i, n, r):
+    """Chunks i .. i + 3 (loaded by ``_load_four``) onto the running state, one after
+    another, ascending (``_merge_loaded``; one past the tile's last leaves it as it is)."""
+    m0, m1, m2, m3 = _rows4(m4)
+    l0, l1, l2, l3 = _rows4(l4)
+    o0, o1, o2, o3 = _tiles4(o4)
+    run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, (r * 0 + i) < n)
+    run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, (r * 0 + i + 1) < n)
+    run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, (r * 0 + i + 2) < n)
+    run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, (r * 0 + i + 3) < n)
+    return run_m, run_l, run_o
+
+
+@triton.jit
 def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, d,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                   COLS: tl.constexpr, CG: tl.constexpr):
     """The tile's n chunk partials (rows r, channels d) merged in ascending order from the
-    empty state, read four chunks at a time (all four loads in flight before the first of
-    their merges; the merges stay one after another): the chain waits on memory once per
-    four."""
+    empty state. They are read four chunks a load, eight chunks ahead of the merges (which
+    stay one after another): the chain waits on memory once, not once per four."""
     run_m = tl.full((ROWS,), float("-inf"), tl.float32)
     run_l = tl.zeros((ROWS,), tl.float32)
     run_o = tl.zeros((ROWS, COLS), tl.float32)
+    ma, la, oa = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 0, n, NC, Hkv, kvh, r, d,
+                            BLOCK_M, BLOCK_D, CG)
+    mb, lb, ob = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 4, n, NC, Hkv, kvh, r, d,
+                            BLOCK_M, BLOCK_D, CG)
     for i in range(0, n, 4):
-        m0, l0, o0, ok0 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC,
-                                        Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
-        m1, l1, o1, ok1 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 1, n,
-                                        NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
-        m2, l2, o2, ok2 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 2, n,
-                                        NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
-        m3, l3, o3, ok3 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 3, n,
-                                        NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
-        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, ok0)
-        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, ok1)
-        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, ok2)
-        run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, ok3)
+        mc, lc, oc = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 8, n, NC, Hkv,
+                                kvh, r, d, BLOCK_M, BLOCK_D, CG)
+        run_m, run_l, run_o = _merge_four(run_m, run_l, run_o, ma, la, oa, i, n, r)
+        ma, la, oa = mb, lb, ob
+        mb, lb, ob = mc, lc, oc
     return run_m, run_l, run_o
 
 
