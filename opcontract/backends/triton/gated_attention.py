@@ -128,7 +128,8 @@ CONFIG_SPACE = {
     # instead of forming the last wave (the fused forward and dq; independent programs)
     "heavy_first": (0, 1),
     # split decode in one launch: a tile's last chunk program to finish merges its partials
-    # (an arrival count per tile and KV head; the merge kernel's arithmetic and order)
+    # (an arrival count per tile and KV head; the merge kernel's arithmetic and order). Off:
+    # on the H200 +1-4% at B = 1, -4% at B = 64 (attention_decode_kernels_merge_in_h200.json)
     "merge_in": (0, 1),
     # the merge kernel's pipeline stages (its loop reads four chunks' partials an iteration:
     # more stages read the next four while these merge; no order changes)
@@ -183,7 +184,9 @@ def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
     configurations differed in out or lse from the earlier kernels' training tile, and
     they read the cache at 0.62 / 0.88 / 0.92 of the copy rate at B = 8 / 64 / 256,
     L = 8192 (two stages), where 64 rows read at 0.53 / 0.68 / 0.72
-    (attention_row_sum_decode_h100.json)."""
+    (attention_row_sum_decode_h100.json); on the H200 0.114 / 0.50 / 0.81 at B = 1 / 8 / 64
+    against 0.099 / 0.40 / 0.57 (attention_decode_kernels_merge_in_h200.json,
+    attention_decode_interior_h200.json)."""
     return T is not None and S is not None and 0 < T <= S
 
 
