@@ -305,8 +305,8 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
 
 VARIANTS = [  # (split, interior, flat, reg_o, merge_in) beside the plain fused and split kernels
     (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 1, 0, 0), (1, 1, 0, 0, 0), (0, 1, 0, 1, 0),
-    (0, 0, 0, 1, 0), (1, 1, 0, 0, 1),
-]
+    (0, 0, 0, 1, 0), (1, 1, 0, 0, 1), (1, 1, 0, 0, 2), (1, 1, 0, 0, 3),
+]  # merge_in 2: the merge reading ahead (merge_ahead); 3: both
 
 
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
@@ -315,7 +315,8 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     """``interior`` (blocks every live row of a tile sees whole skip the visibility mask),
     ``flat`` (the fused kernel's blocks in one loop, each chunk merged inside it) and
     ``reg_o`` (the running O in registers, not in the attn output between chunks) and
-    ``merge_in`` (split decode's merge by each tile's last chunk program), each with
+    ``merge_in`` (split decode's merge by each tile's last chunk program) and
+    ``merge_ahead`` (the merge reading eight chunks ahead), each with
     the tiles launched in either order (``heavy_first``): packed
     (tiles across sequence and window edges) and left-padded (rows without a query in a
     tile, and tiles without one), with a NaN value and an infinite key: the plain kernels'
@@ -329,7 +330,8 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     for split, interior, flat, reg_o, merge_in in VARIANTS:
         for heavy_first in (0, 1):
             cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o,
-                   "heavy_first": heavy_first, "merge_in": merge_in}  # fmt: skip
+                   "heavy_first": heavy_first, "merge_in": merge_in & 1,
+                   "merge_ahead": merge_in >> 1}  # fmt: skip
             got = _packed(seqs, backend="triton", config=cfg, **kw)
             torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
                                        msg=str(cfg))  # fmt: skip
@@ -352,9 +354,9 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     mask[1, :37] = 0
     mask[2, :560] = 0
     outs = [attention.padded(q, k, v, gate, mask, backend="triton",
-                             config={"split": 1, "merge_in": mi}, **kw)
-            for mi in (0, 1)]  # fmt: skip
-    assert torch.equal(outs[0], outs[1])
+                             config={"split": 1, "merge_in": mi, "merge_ahead": ma}, **kw)
+            for mi, ma in ((0, 0), (1, 0), (0, 1))]  # fmt: skip
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 @triton.jit

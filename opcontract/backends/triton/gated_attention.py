@@ -134,6 +134,9 @@ CONFIG_SPACE = {
     # the merge kernel's pipeline stages (its loop reads four chunks' partials an iteration:
     # more stages read the next four while these merge; no order changes)
     "merge_stages": (1, 2, 3),
+    # the merge reads four chunks a load, eight chunks ahead of its merges (the same merges in
+    # the same order; compiled for sm_90 and tested bitwise on the CPU, not yet timed)
+    "merge_ahead": (0, 1),
 }
 
 
@@ -173,7 +176,8 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # 64 keys a dk/dv program from T = 1024 (attention_backward_options_h100.json:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
-            "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1}  # fmt: skip
+            "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
+            "merge_ahead": 0}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -265,6 +269,7 @@ class ForwardPlan:
     partials: tuple[torch.Tensor, ...] = ()  # split: (m, l, o) of every chunk
     counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
     merge_stages: int = 1
+    merge_ahead: bool = False
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
@@ -314,6 +319,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
         plan.merge_stages = int(cfg.get("merge_stages", 1))
+        plan.merge_ahead = bool(cfg.get("merge_ahead", 0))
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
     return plan
@@ -350,7 +356,8 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
                key_len, plan.table, part_m, part_l, part_o, gate, out, attn, lse, counts, T, N,
                Hq, Hkv, G, D, NB, plan.n_chunks, plan.window, plan.c, IEEE=ieee,
-               INTERIOR=plan.interior, MERGE_IN=merge_in, **plan.meta)  # fmt: skip
+               INTERIOR=plan.interior, MERGE_IN=merge_in, AHEAD=plan.merge_ahead,
+               **plan.meta)  # fmt: skip
         if merge_in:
             return
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
@@ -358,7 +365,7 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         meta = {**plan.meta, "num_warps": 2, "num_stages": plan.merge_stages}
         launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
                part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
-               plan.window, ROWS=rows, COLS=cols, **meta)  # fmt: skip
+               plan.window, ROWS=rows, COLS=cols, AHEAD=plan.merge_ahead, **meta)  # fmt: skip
         return
     redo = plan.redo
     redo.zero_()

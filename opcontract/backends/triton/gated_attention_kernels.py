@@ -561,7 +561,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                        LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                        CHUNK_BLOCKS: tl.constexpr, INTERIOR: tl.constexpr = False,
-                       MERGE_IN: tl.constexpr = False):
+                       MERGE_IN: tl.constexpr = False, AHEAD: tl.constexpr = False):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
     -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
@@ -586,7 +586,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
             d = tl.arange(0, BLOCK_D)
             _merge_and_finish(part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr, attn_ptr,
                               lse_ptr, tile, 0, NC, Hkv, kvh, token, g, live, Hq, G, D, r, d,
-                              INTERPRET, BLOCK_M, BLOCK_D, True)
+                              INTERPRET, BLOCK_M, BLOCK_D, True, AHEAD)
     if ch <= b_hi // CHUNK_BLOCKS:
         q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
@@ -615,7 +615,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                 tl.debug_barrier()
                 _merge_and_finish(part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr,
                                   attn_ptr, lse_ptr, tile, n, NC, Hkv, kvh, token, g, live, Hq,
-                                  G, D, r, d, INTERPRET, BLOCK_M, BLOCK_D, True)
+                                  G, D, r, d, INTERPRET, BLOCK_M, BLOCK_D, True, AHEAD)
 
 
 @triton.jit
@@ -627,6 +627,22 @@ def _merge_loaded(run_m, run_l, run_o, m, lraw, o, ok):
     new_m, new_l, new_o = _merge(run_m, run_l, run_o, m, lsum, o, any_c)
     return (tl.where(ok, new_m, run_m), tl.where(ok, new_l, run_l),
             tl.where(ok[:, None], new_o, run_o))  # fmt: skip
+
+
+@triton.jit
+def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
+    """Chunk i's partial (m, l, o, any row saw a key) of ``_attn_chunk_kernel`` for rows r,
+    channels d; past the tile's last chunk (i >= n) nothing is read and any is False. CG:
+    loaded past the SM's L1 (other programs of the same launch wrote them)."""
+    slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
+    ok = (r * 0 + i) < n  # per row: the interpreter masks with tensors only
+    cm: tl.constexpr = ".cg" if CG else ""
+    m = tl.load(part_m_ptr + slot * BLOCK_M + r, mask=ok, other=float("-inf"), cache_modifier=cm)
+    lraw = tl.load(part_l_ptr + slot * BLOCK_M + r, mask=ok, other=-1.0, cache_modifier=cm)
+    o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :],
+                mask=ok[:, None], other=0.0, cache_modifier=cm)  # fmt: skip
+    return m, lraw, o, ok
 
 
 @triton.jit
@@ -686,13 +702,30 @@ def _merge_four(run_m, run_l, run_o, m4, l4, o4, i, n, r):
 @triton.jit
 def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, d,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-                  COLS: tl.constexpr, CG: tl.constexpr):
+                  COLS: tl.constexpr, CG: tl.constexpr, AHEAD: tl.constexpr = False):
     """The tile's n chunk partials (rows r, channels d) merged in ascending order from the
-    empty state. They are read four chunks a load, eight chunks ahead of the merges (which
-    stay one after another): the chain waits on memory once, not once per four."""
+    empty state, four chunks an iteration, all four loads in flight before the first of
+    their merges (the merges stay one after another): the chain waits on memory once per
+    four. AHEAD: read four chunks a load, eight chunks ahead of the merges (the same merges
+    in the same order): the chain waits on memory once."""
     run_m = tl.full((ROWS,), float("-inf"), tl.float32)
     run_l = tl.zeros((ROWS,), tl.float32)
     run_o = tl.zeros((ROWS, COLS), tl.float32)
+    if not AHEAD:
+        for i in range(0, n, 4):
+            m0, l0, o0, ok0 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC,
+                                            Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+            m1, l1, o1, ok1 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 1, n,
+                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+            m2, l2, o2, ok2 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 2, n,
+                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+            m3, l3, o3, ok3 = _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 3, n,
+                                            NC, Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, ok0)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, ok1)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, ok2)
+            run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, ok3)
+        return run_m, run_l, run_o
     ma, la, oa = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 0, n, NC, Hkv, kvh, r, d,
                             BLOCK_M, BLOCK_D, CG)
     mb, lb, ob = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 4, n, NC, Hkv, kvh, r, d,
@@ -710,10 +743,11 @@ def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, 
 def _merge_and_finish(part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr, attn_ptr, lse_ptr,
                       tile, n, NC, Hkv, kvh, token, g, live, Hq, G, D, r, d,
                       INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                      CG: tl.constexpr):
+                      CG: tl.constexpr, AHEAD: tl.constexpr):
     """A whole tile's merge and finish (rows r = every tile row, channels d = all)."""
     run_m, run_l, run_o = _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv,
-                                        kvh, r, d, BLOCK_M, BLOCK_D, BLOCK_M, BLOCK_D, CG)
+                                        kvh, r, d, BLOCK_M, BLOCK_D, BLOCK_M, BLOCK_D, CG,
+                                        AHEAD)
     q_off, head, dmask = _q_offsets(token, g, kvh, G, Hq, D, BLOCK_D)
     _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token, head, live,
             dmask, Hq, INTERPRET, live)
@@ -724,7 +758,7 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
                        part_o_ptr, out_ptr, attn_ptr, lse_ptr, T, Hq, Hkv, G, D, NC, window,
                        LOCAL: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
-                       ROWS: tl.constexpr, COLS: tl.constexpr):
+                       ROWS: tl.constexpr, COLS: tl.constexpr, AHEAD: tl.constexpr = False):
     """Split decode, part 2: program (tile, kv head, part) merges the chunk partials of ROWS
     rows x COLS channels of the tile (part = row group * channel blocks + channel block) in
     ascending chunk order by ``_merge`` and finishes them as the fused kernel does. The
@@ -751,7 +785,8 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
         q_off = (token_r.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
         n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
         run_m, run_l, run_o = _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC,
-                                            Hkv, kvh, r, d, BLOCK_M, BLOCK_D, ROWS, COLS, False)
+                                            Hkv, kvh, r, d, BLOCK_M, BLOCK_D, ROWS, COLS, False,
+                                            AHEAD)
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token_r, head,
                 live_r, dmask, Hq, INTERPRET, live_r & (r * 0 + c0 == 0))
 
