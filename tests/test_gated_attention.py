@@ -303,10 +303,11 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
         assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
 
 
-VARIANTS = [  # (split, interior, flat, reg_o, merge_in) beside the plain fused and split kernels
-    (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 1, 0, 0), (1, 1, 0, 0, 0), (0, 1, 0, 1, 0),
-    (0, 0, 0, 1, 0), (1, 1, 0, 0, 1), (1, 1, 0, 0, 2), (1, 1, 0, 0, 3),
-]  # merge_in 2: the merge reading ahead (merge_ahead); 3: both
+VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead) beside the plain kernels
+    (0, 1, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0), (0, 1, 1, 0, 0, 0), (1, 1, 0, 0, 0, 0),
+    (0, 1, 0, 1, 0, 0), (0, 0, 0, 1, 0, 0), (1, 1, 0, 0, 1, 0), (1, 1, 0, 0, 0, 1),
+    (1, 1, 0, 0, 1, 1),
+]
 
 
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
@@ -327,11 +328,11 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     seqs[1][1][100, 0, :] = float("inf")
     base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
             for split in (0, 1)}  # fmt: skip
-    for split, interior, flat, reg_o, merge_in in VARIANTS:
+    for split, interior, flat, reg_o, merge_in, merge_ahead in VARIANTS:
         for heavy_first in (0, 1):
             cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o,
-                   "heavy_first": heavy_first, "merge_in": merge_in & 1,
-                   "merge_ahead": merge_in >> 1}  # fmt: skip
+                   "heavy_first": heavy_first, "merge_in": merge_in,
+                   "merge_ahead": merge_ahead}  # fmt: skip
             got = _packed(seqs, backend="triton", config=cfg, **kw)
             torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
                                        msg=str(cfg))  # fmt: skip
@@ -343,10 +344,9 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     mask[1, :37] = 0  # left padding: a tile holds rows without a query
     mask[2, :250] = 0
     outs = [attention.padded(q, k, v, gate, mask, backend="triton",
-                             config={"split": sp, "interior": i, "flat": i, "reg_o": r,
-                                     "merge_in": sp},
+                             config={"split": 0, "interior": i, "flat": i, "reg_o": r},
                              **kw)
-            for sp, i, r in ((0, 0, 0), (0, 1, 0), (0, 1, 1))]  # fmt: skip
+            for i, r in ((0, 0), (1, 0), (1, 1))]  # fmt: skip
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     # split in two chunks, a row's tiles all without a query: merged apart and in-program
     q, k, v, gate = (torch.cat([t, t], dim=1) for t in (q, k, v, gate))

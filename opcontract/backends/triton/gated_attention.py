@@ -132,7 +132,8 @@ CONFIG_SPACE = {
     # on the H200 +1-4% at B = 1, -4% at B = 64 (attention_decode_kernels_merge_in_h200.json)
     "merge_in": (0, 1),
     # the merge kernel's pipeline stages (its loop reads four chunks' partials an iteration:
-    # more stages read the next four while these merge; no order changes)
+    # more stages read the next four while these merge; no order changes). 1: 2 and 3
+    # changed nothing on the H200 (attention_decode_merge_stages_h200.json)
     "merge_stages": (1, 2, 3),
     # the merge reads four chunks a load, eight chunks ahead of its merges (the same merges in
     # the same order; compiled for sm_90 and tested bitwise on the CPU, not yet timed)
