@@ -153,11 +153,12 @@ for s in "$@"; do
                 --split 1 --block-m 16 --warps 4 --stages 1,2 --interior 1 --merge-in 0,1 --B 1,8,64 \
                 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_kernels_${LABEL}.json" ;;
-        merge-ahead)  # split decode's merge reading four chunks a load, eight ahead, against the default
-            stage merge-ahead 300 python3 benchmarks/attention_decode_explore.py --kernel-us \
+        decode-parts)  # split decode's read-ahead merge and value-channel parts against the default
+            stage decode-parts 420 python3 benchmarks/attention_decode_explore.py --kernel-us \
                 --split 1 --block-m 16 --warps 4 --stages 2 --interior 1 --merge-ahead 0,1 \
-                --B 1,8,64 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
-                --out "$OUT/attention_decode_merge_ahead_${LABEL}.json" ;;
+                --value-parts 1,2,4 --B 1,8,64 --L 8192,32768 \
+                --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/attention_decode_parts_${LABEL}.json" ;;
         attention-decode) stage attention-decode 400 python3 benchmarks/attention.py --parts decode \
             --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_decode_h200_${LABEL}.json" ;;
         decode-split) stage decode-split 240 python3 benchmarks/decode_host_split.py \

@@ -138,6 +138,11 @@ CONFIG_SPACE = {
     # the merge reads four chunks a load, eight chunks ahead of its merges (the same merges in
     # the same order; compiled for sm_90 and tested bitwise on the CPU, not yet timed)
     "merge_ahead": (0, 1),
+    # split decode's chunk programs each compute o for 1 / value_parts of the value channels
+    # (the same scores and row sums in every part, K read by each: more programs where the
+    # chunks alone leave SMs idle, as at B = 1; an output channel's products are its own, so
+    # no bit moves). Not with merge_in (which counts one arrival a chunk): 1 there
+    "value_parts": (1, 2, 4),
 }
 
 
@@ -178,7 +183,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
-            "merge_ahead": 0}  # fmt: skip
+            "merge_ahead": 0, "value_parts": 1}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -271,6 +276,7 @@ class ForwardPlan:
     counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
     merge_stages: int = 1
     merge_ahead: bool = False
+    value_parts: int = 1  # split: chunk programs per (tile, chunk, KV head), by value channels
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
@@ -323,6 +329,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         plan.merge_ahead = bool(cfg.get("merge_ahead", 0))
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
+        else:  # parts of at least 16 channels (the products' narrowest tile)
+            plan.value_parts = max(1, min(int(cfg.get("value_parts", 1)), _pow2(D) // 16))
     return plan
 
 
@@ -354,11 +362,12 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         part_m, part_l, part_o = plan.partials
         merge_in = plan.counts is not None
         counts = plan.counts if merge_in else key_len  # (not read without MERGE_IN)
-        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
+        vp = plan.value_parts
+        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv * vp), q, k, v, positions, block_rows,
                key_len, plan.table, part_m, part_l, part_o, gate, out, attn, lse, counts, T, N,
                Hq, Hkv, G, D, NB, plan.n_chunks, plan.window, plan.c, IEEE=ieee,
                INTERIOR=plan.interior, MERGE_IN=merge_in, AHEAD=plan.merge_ahead,
-               **plan.meta)  # fmt: skip
+               VALUE_PARTS=vp, **plan.meta)  # fmt: skip
         if merge_in:
             return
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
