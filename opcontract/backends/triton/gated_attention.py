@@ -17,6 +17,7 @@ from opcontract.backends.triton.launch import launch
 
 BLOCK = ref.BLOCK
 CHUNK_BLOCKS = ref.CHUNK // ref.BLOCK
+AHEAD_FROM_CHUNKS = 16  # merge_ahead -1: the read-ahead merge where a tile spans more chunks
 # the split decode's merge: one program per 16 rows x 32 channels of a tile (a decode token's
 # 16 query heads of a KV group), so a batch of one spreads its merge over 8 programs
 MERGE_ROWS, MERGE_COLS = 16, 32
@@ -136,12 +137,18 @@ CONFIG_SPACE = {
     # changed nothing on the H200 (attention_decode_merge_stages_h200.json)
     "merge_stages": (1, 2, 3),
     # the merge reads four chunks a load, eight chunks ahead of its merges (the same merges in
-    # the same order; compiled for sm_90 and tested bitwise on the CPU, not yet timed)
+    # the same order). Default -1: on where a tile spans more than 16 chunks. On the H200
+    # (attention_decode_parts_h200.json) at L = 32768 (64 chunks) the merge took 17.8 / 27.3
+    # / 35.1 -> 15.9 / 17.5 / 26.9 us at B = 1 / 8 / 64 (0.250 / 0.586 / 0.869 -> 0.268 /
+    # 0.644 / 0.880 of the copy rate); at L = 8192 (16 chunks) 5.1 -> 5.7 us at B = 1
     "merge_ahead": (0, 1),
     # split decode's chunk programs each compute o for 1 / value_parts of the value channels
-    # (the same scores and row sums in every part, K read by each: more programs where the
-    # chunks alone leave SMs idle, as at B = 1; an output channel's products are its own, so
-    # no bit moves). Not with merge_in (which counts one arrival a chunk): 1 there
+    # (the same scores and row sums in every part, K read by each; an output channel's
+    # products are its own, so no bit moves). Not with merge_in (which counts one arrival a
+    # chunk): 1 there. 1: on the H200 the chunk kernel's time grows with the parts (B = 64,
+    # L = 8192: 144 / 219 / 383 us at 1 / 2 / 4; B = 1, L = 8192: 10.8 / 9.6 / 10.4 us, the
+    # whole call 0.121 / 0.123 / 0.114 of the copy rate; attention_decode_parts_h200.json):
+    # the scores each part recomputes cost more than the parallelism buys
     "value_parts": (1, 2, 4),
 }
 
@@ -183,7 +190,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
-            "merge_ahead": 0, "value_parts": 1}  # fmt: skip
+            "merge_ahead": -1, "value_parts": 1}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -326,7 +333,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
         plan.merge_stages = int(cfg.get("merge_stages", 1))
-        plan.merge_ahead = bool(cfg.get("merge_ahead", 0))
+        ahead = int(cfg.get("merge_ahead", 0))
+        plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
         else:  # parts of at least 16 channels (the products' narrowest tile)
