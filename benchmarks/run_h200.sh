@@ -212,7 +212,8 @@ for s in "$@"; do
             stage g-parity 120 python3 benchmarks/cute_head_g_parity.py \
                 --out "$OUT/cute_head_g_parity_${LABEL}.json" ;;
         sampler-apart)  # the sampler head at decode sizes with its logits' GEMM apart, by tile
-            stage sampler-apart 300 python3 benchmarks/sampler_head_apart_explore.py --cute \
+            # (SAMPLER_CUTE= leaves out the CuTe GEMM's tiles, for a machine without CUTLASS DSL)
+            stage sampler-apart 300 python3 benchmarks/sampler_head_apart_explore.py ${SAMPLER_CUTE---cute} \
                 --T "${SAMPLER_T:-1,16,64}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/sampler_head_apart_${LABEL}.json" ;;
         cute) stage cute "${CUTE_LIMIT:-300}" python3 benchmarks/cute_gemm_probe.py --out "$OUT/cute_gemm_h200.json" ;;
