@@ -161,7 +161,7 @@ for s in "$@"; do
                 --out "$OUT/attention_decode_parts_${LABEL}.json" ;;
         decode-stages)  # decode's 16-row tiles: warps (1, 2: a tile's rows in fewer warps) and stages
             stage decode-stages 240 python3 benchmarks/attention_decode_explore.py --kernel-us \
-                --split 1 --block-m 16 --warps 1,2,4 --stages 2,3 --interior 1 --merge-ahead -1 \
+                --split 1 --block-m 16 --warps 1,2,4 --stages 1,2,3 --interior 1 --merge-ahead -1 \
                 --B 1,8,64 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_stages_${LABEL}.json" ;;
         attention-decode) stage attention-decode 400 python3 benchmarks/attention.py --parts decode \
