@@ -162,7 +162,9 @@ def default_config(call=None) -> dict:
     in registers (reg_o: the fused kernel 1.25-1.32x faster in GPU time at L = 8192 and
     16384 global, 1.07-1.09x local, attention_kernel_time_reg_o_lean_h200.json). Decode calls
     (at most one query token a sequence): tiles of 16 rows (one token's 16 heads), two
-    stages, 4 warps (``_one_token_a_sequence``). Other smaller calls (prefill chunks): 64
+    stages, 4 warps (``_one_token_a_sequence``; 1, 2 and 8 warps read the cache slower at
+    every decode batch measured on an H100, attention_decode_stages_h100.json,
+    attention_decode_warps8_h100.json). Other smaller calls (prefill chunks): 64
     rows, one stage, 4 warps, which read the cache 1.1-1.5x faster than 8 warps at every
     decode batch of 8 to 256 measured (attention_decode_explore_h200.json,
     attention_decode_merge_h200.json), except a single token, two stages (23.5 -> 20.1 us at
