@@ -153,12 +153,11 @@ for s in "$@"; do
                 --split 1 --block-m 16 --warps 4 --stages 1,2 --interior 1 --merge-in 0,1 --B 1,8,64 \
                 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_kernels_${LABEL}.json" ;;
-        decode-parts)  # split decode's read-ahead merge and value-channel parts against the default
-            stage decode-parts 420 python3 benchmarks/attention_decode_explore.py --kernel-us \
+        merge-ahead)  # split decode's read-ahead merge against the plain one
+            stage merge-ahead 300 python3 benchmarks/attention_decode_explore.py --kernel-us \
                 --split 1 --block-m 16 --warps 4 --stages 2 --interior 1 --merge-ahead 0,1 \
-                --value-parts 1,2,4 --B 1,8,64 --L 8192,32768 \
-                --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
-                --out "$OUT/attention_decode_parts_${LABEL}.json" ;;
+                --B 1,8,64 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/attention_decode_merge_ahead_${LABEL}.json" ;;
         decode-stages)  # decode's 16-row tiles: warps (1, 2: a tile's rows in fewer warps) and stages
             stage decode-stages 240 python3 benchmarks/attention_decode_explore.py --kernel-us \
                 --split 1 --block-m 16 --warps 1,2,4 --stages 1,2,3 --interior 1 --merge-ahead -1 \

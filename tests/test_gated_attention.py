@@ -303,12 +303,11 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
         assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
 
 
-VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead, value_parts) beside the
-    # plain kernels
-    (0, 1, 0, 0, 0, 0, 1), (0, 0, 1, 0, 0, 0, 1), (0, 1, 1, 0, 0, 0, 1), (1, 1, 0, 0, 0, 0, 1),
-    (0, 1, 0, 1, 0, 0, 1), (0, 0, 0, 1, 0, 0, 1), (1, 1, 0, 0, 1, 0, 1), (1, 1, 0, 0, 0, 1, 1),
-    (1, 1, 0, 0, 1, 1, 1),
-]  # value_parts > 1 needs a head dim of 32 or more: test_value_parts_give_the_same_bits
+VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead) beside the plain kernels
+    (0, 1, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0), (0, 1, 1, 0, 0, 0), (1, 1, 0, 0, 0, 0),
+    (0, 1, 0, 1, 0, 0), (0, 0, 0, 1, 0, 0), (1, 1, 0, 0, 1, 0), (1, 1, 0, 0, 0, 1),
+    (1, 1, 0, 0, 1, 1),
+]
 
 
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
@@ -329,11 +328,11 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     seqs[1][1][100, 0, :] = float("inf")
     base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
             for split in (0, 1)}  # fmt: skip
-    for split, interior, flat, reg_o, merge_in, merge_ahead, value_parts in VARIANTS:
+    for split, interior, flat, reg_o, merge_in, merge_ahead in VARIANTS:
         for heavy_first in (0, 1):
             cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o,
                    "heavy_first": heavy_first, "merge_in": merge_in,
-                   "merge_ahead": merge_ahead, "value_parts": value_parts}  # fmt: skip
+                   "merge_ahead": merge_ahead}  # fmt: skip
             got = _packed(seqs, backend="triton", config=cfg, **kw)
             torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
                                        msg=str(cfg))  # fmt: skip
@@ -357,48 +356,7 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     outs = [attention.padded(q, k, v, gate, mask, backend="triton",
                              config={"split": 1, "merge_in": mi, "merge_ahead": ma}, **kw)
             for mi, ma in ((0, 0), (1, 0), (0, 1))]  # fmt: skip
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-
-
-@pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
-                         ids=["global", "local"])  # fmt: skip
-def test_value_parts_give_the_same_bits(kw, monkeypatch):
-    """``value_parts`` (split decode's chunk programs each computing o for a part of the
-    value channels, every part the same scores and row sums) at head dim 64: left-padded
-    prompts across two chunks, the last rows one token a sequence (decode), a NaN in one
-    value channel of the last part and an infinite key: the unsplit kernels' bits, NaN for
-    NaN, and parts that never see the NaN finite."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    g = torch.Generator().manual_seed(17)
-    B, L, Dw = 3, 560, 64
-    q, gate = (torch.randn(B, L, HQ, Dw, generator=g).bfloat16() for _ in range(2))
-    k, v = (torch.randn(B, L, HKV, Dw, generator=g).bfloat16() for _ in range(2))
-    v[0, 100, 1, Dw - 3] = float("nan")  # group 1's rows of sequence 0 that see it, channel 61
-    k[1, 530, 0, :] = float("inf")  # group 0's rows of sequence 1 that see it
-    mask = torch.ones(B, L, dtype=torch.long)
-    mask[1, :37] = 0  # left padding: a tile holds rows without a query
-    mask[2, :545] = 0
-    fused = attention.padded(q, k, v, gate, mask, backend="triton", config={"split": 0}, **kw)
-    for vp in (2, 4):  # (1: the VARIANTS test)
-        got = attention.padded(q, k, v, gate, mask, backend="triton",
-                               config={"split": 1, "value_parts": vp}, **kw)  # fmt: skip
-        torch.testing.assert_close(got, fused, rtol=0, atol=0, equal_nan=True, msg=f"{vp}")
-    bad = fused.isnan()
-    assert bad[0, 100:, 2:, Dw - 3].any() and not bad[0, :, :2].any()
-    assert not bad[0, :, 2:, : Dw - 3].any()  # the other channels of those rows stay finite
-    # decode: one token a sequence against the whole past, the split's chunks in parts
-    cache_kw = dict(kv_heads=HKV, head_dim=Dw, dtype=torch.bfloat16, device="cpu", sequences=B,
-                    backend="triton", **kw)  # fmt: skip
-    outs = []
-    for vp in (1, 4):
-        cache = attention.PagedKVCache(config={"split": 1, "value_parts": vp}, **cache_kw)
-        n = L - 1  # every sequence's prompt in one prefill call
-        cache.step(torch.arange(B).repeat_interleave(n), torch.arange(n).repeat(B),
-                   *(t[:, :n].flatten(0, 1) for t in (q, k, v, gate)))  # fmt: skip
-        last = [t[:, L - 1] for t in (q, k, v, gate)]
-        outs.append(cache.step(torch.arange(B), torch.full((B,), L - 1), *last))
-    assert torch.equal(outs[0].isnan(), outs[1].isnan())
-    assert torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 @triton.jit
@@ -735,3 +693,28 @@ def test_chunk_count_on_the_host_matches_the_kernels_rule():
             assert chunks_per_tile(table, pos, 2048, local) == want, (T, local)
         sizes.add(T >= 32)
     assert sizes == {False, True}
+
+
+@pytest.mark.parametrize("layer, window", [("global", 0), ("local", 2048)])
+def test_merge_ahead_by_default_where_a_tile_spans_more_than_16_chunks(layer, window):
+    """Default merge_ahead (-1): the split decode's read-ahead merge for a call whose tiles
+    span more than 16 chunks of 512 positions (a global layer's token at position 8192 and
+    beyond), not at 8191 or for a local layer's window of 2048 (5 chunks at most); an
+    explicit 0 or 1 is kept. Only the plan is built (no kernel runs)."""
+    from opcontract.backends.triton import gated_attention as tga
+
+    def plan(position: int, config=None):
+        q = torch.zeros(1, HQ, D, dtype=torch.bfloat16)
+        k = torch.zeros(1, HKV, D, dtype=torch.bfloat16)
+        nb = position // 128 + 1
+        return tga.plan_forward({"split": 1, **(config or {})}, q, k,
+                                torch.tensor([position], dtype=torch.int32),
+                                torch.zeros(1, dtype=torch.int32),
+                                torch.arange(nb, dtype=torch.int32)[None], layer=layer,
+                                window=window, scale=None)  # fmt: skip
+
+    assert plan(8191).n_chunks == (16 if layer == "global" else 4)
+    assert not plan(8191).merge_ahead
+    assert plan(8192).merge_ahead == (layer == "global")
+    assert not plan(8192, {"merge_ahead": 0}).merge_ahead
+    assert plan(1000, {"merge_ahead": 1}).merge_ahead  # two chunks

@@ -142,14 +142,6 @@ CONFIG_SPACE = {
     # / 35.1 -> 15.9 / 17.5 / 26.9 us at B = 1 / 8 / 64 (0.250 / 0.586 / 0.869 -> 0.268 /
     # 0.644 / 0.880 of the copy rate); at L = 8192 (16 chunks) 5.1 -> 5.7 us at B = 1
     "merge_ahead": (0, 1),
-    # split decode's chunk programs each compute o for 1 / value_parts of the value channels
-    # (the same scores and row sums in every part, K read by each; an output channel's
-    # products are its own, so no bit moves). Not with merge_in (which counts one arrival a
-    # chunk): 1 there. 1: on the H200 the chunk kernel's time grows with the parts (B = 64,
-    # L = 8192: 144 / 219 / 383 us at 1 / 2 / 4; B = 1, L = 8192: 10.8 / 9.6 / 10.4 us, the
-    # whole call 0.121 / 0.123 / 0.114 of the copy rate; attention_decode_parts_h200.json):
-    # the scores each part recomputes cost more than the parallelism buys
-    "value_parts": (1, 2, 4),
 }
 
 
@@ -192,7 +184,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
-            "merge_ahead": -1, "value_parts": 1}  # fmt: skip
+            "merge_ahead": -1}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -285,7 +277,6 @@ class ForwardPlan:
     counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
     merge_stages: int = 1
     merge_ahead: bool = False
-    value_parts: int = 1  # split: chunk programs per (tile, chunk, KV head), by value channels
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
@@ -339,8 +330,6 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
-        else:  # parts of at least 16 channels (the products' narrowest tile)
-            plan.value_parts = max(1, min(int(cfg.get("value_parts", 1)), _pow2(D) // 16))
     return plan
 
 
@@ -372,12 +361,11 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         part_m, part_l, part_o = plan.partials
         merge_in = plan.counts is not None
         counts = plan.counts if merge_in else key_len  # (not read without MERGE_IN)
-        vp = plan.value_parts
-        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv * vp), q, k, v, positions, block_rows,
+        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
                key_len, plan.table, part_m, part_l, part_o, gate, out, attn, lse, counts, T, N,
                Hq, Hkv, G, D, NB, plan.n_chunks, plan.window, plan.c, IEEE=ieee,
                INTERIOR=plan.interior, MERGE_IN=merge_in, AHEAD=plan.merge_ahead,
-               VALUE_PARTS=vp, **plan.meta)  # fmt: skip
+               **plan.meta)  # fmt: skip
         if merge_in:
             return
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])

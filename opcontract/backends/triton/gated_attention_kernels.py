@@ -152,17 +152,14 @@ def _visible(jpos, pos, klen, window, LOCAL: tl.constexpr):
 def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m, lsum, o,
                   D, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
                   SAFE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                  MASK: tl.constexpr = True, c0=0, COLS: tl.constexpr = 0):
+                  MASK: tl.constexpr = True):
     """One key block's online-softmax step for every row of the tile. SAFE: values a row
     doesn't see are kept out of its product (needed only where a value is non-finite: the
     fast pass leaves a non-finite accumulator, which flags the tile for the SAFE pass; with
     finite values both passes compute the same products). MASK False (fast pass only): a
     block every live row of the tile sees whole (``_interior``), where the visibility mask
     selects every score and "saw a key" is true: the same operations on the same values
-    without building the mask (rows past the tile's tokens compute what is never stored).
-    COLS > 0: o holds the value channels c0 .. c0 + COLS only (the scores, weights and row
-    sums still over the whole head dim; an output channel's products are its own: the same
-    bits as the whole o's columns)."""
+    without building the mask (rows past the tile's tokens compute what is never stored)."""
     j = tl.arange(0, BLOCK)
     d = tl.arange(0, BLOCK_D)
     jpos = b * BLOCK + j
@@ -172,19 +169,12 @@ def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m
     base = (tl.maximum(rowb, 0).to(tl.int64) * Hkv + kvh) * D
     kv_off = j[:, None] * (Hkv * D) + d[None, :]
     dmask = d[None, :] < D
-    if COLS == 0:
-        v_off = kv_off
-        vdmask = dmask
-    else:
-        dv = c0 + tl.arange(0, COLS)
-        v_off = j[:, None] * (Hkv * D) + dv[None, :]
-        vdmask = dv[None, :] < D
     if MASK:
         kt = tl.load(k_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
-        vt = tl.load(v_ptr + base + v_off, mask=kmask[:, None] & vdmask, other=0.0)
+        vt = tl.load(v_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
     else:
         kt = tl.load(k_ptr + base + kv_off)
-        vt = tl.load(v_ptr + base + v_off)
+        vt = tl.load(v_ptr + base + kv_off)
     qk = _mm_nt(q, kt, INTERPRET, IEEE)
     if MASK:
         vis = _visible(jpos, pos, klen, window, LOCAL)
@@ -309,10 +299,8 @@ def _segments(first, last, ilo, ihi):
 def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
                   window, c, m, lsum, o, any_c, D, LOCAL: tl.constexpr,
                   INTERPRET: tl.constexpr, IEEE: tl.constexpr, SAFE: tl.constexpr,
-                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr, c0=0,
-                  COLS: tl.constexpr = 0):
-    """Blocks first .. last of a chunk onto (m, l, o, any), ascending (COLS > 0: o holds the
-    value channels c0 .. c0 + COLS, ``_block_update``)."""
+                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr):
+    """Blocks first .. last of a chunk onto (m, l, o, any), ascending."""
     if SAFE:
         # unpipelined whatever the kernel's stages: the masked products need the shared
         # memory a second stage would take
@@ -320,14 +308,14 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
             rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
             m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
                                             window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
-                                            SAFE, BLOCK, BLOCK_D, True, c0, COLS)
+                                            SAFE, BLOCK, BLOCK_D)
             any_c = any_c | upd
     else:
         for b in range(first, last + 1):
             rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
             m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
                                             window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
-                                            SAFE, BLOCK, BLOCK_D, MASK, c0, COLS)
+                                            SAFE, BLOCK, BLOCK_D, MASK)
     return m, lsum, o, any_c
 
 
@@ -335,38 +323,31 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
 def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
            window, c, D, ilo, ihi, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
            IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-           BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr, c0=0, COLS: tl.constexpr = 0):
+           BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr):
     """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
     empty state. The fused and the split kernels both call this, with the same bounds.
     INTERIOR (fast pass): the blocks ilo .. ihi that every live row sees whole run without
     the visibility mask (``_block_update``'s MASK False), the rest with it, in the same
-    ascending order: the same bits. COLS > 0: o holds the value channels c0 .. c0 + COLS."""
+    ascending order: the same bits."""
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     lsum = tl.zeros((BLOCK_M,), tl.float32)
-    if COLS == 0:
-        o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    else:
-        o = tl.zeros((BLOCK_M, COLS), tl.float32)
+    o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     any_c = lsum > 0
     if INTERIOR and not SAFE:
         below, lo, hi, above = _segments(first, last, ilo, ihi)
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, below,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
-                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
-                                          c0, COLS)
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, lo, hi, N,
                                           Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c, D,
-                                          LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, False,
-                                          c0, COLS)
+                                          LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, False)
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, above, last,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
-                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
-                                          c0, COLS)
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
     else:
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
-                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
-                                          c0, COLS)
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
     if not SAFE:
         # a row saw a key iff its max is finite: a row whose visible scores are all -inf or
         # NaN has a NaN accumulator here, which sends the tile to the SAFE pass
@@ -580,8 +561,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                        LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                        CHUNK_BLOCKS: tl.constexpr, INTERIOR: tl.constexpr = False,
-                       MERGE_IN: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                       VALUE_PARTS: tl.constexpr = 1):
+                       MERGE_IN: tl.constexpr = False, AHEAD: tl.constexpr = False):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
     -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
@@ -591,18 +571,10 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
     which it sets back to 0) then merges every partial of the tile in ascending order and
     finishes, as ``_attn_merge_kernel`` does (the same per-element arithmetic: the same
     bits), so a decode step is one launch; a tile none of whose rows has a query is
-    finished empty by its program 0. VALUE_PARTS > 1 (not with MERGE_IN): program
-    (tile, i, kv head * VALUE_PARTS + part) computes the partial's o for the part-th
-    BLOCK_D / VALUE_PARTS value channels (every part the same scores, weights and row sums;
-    part 0 stores m and l): more programs for a call whose chunks alone leave SMs idle, each
-    reading fewer values, the same bits."""
-    tl.static_assert(not (MERGE_IN and VALUE_PARTS > 1))
+    finished empty by its program 0."""
     tile = tl.program_id(0)
     i = tl.program_id(1)
-    kvh = tl.program_id(2) // VALUE_PARTS
-    vpart = tl.program_id(2) % VALUE_PARTS
-    COLS: tl.constexpr = 0 if VALUE_PARTS == 1 else BLOCK_D // VALUE_PARTS
-    c0 = vpart * COLS
+    kvh = tl.program_id(2)
     slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
@@ -622,22 +594,15 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
         ilo, ihi = _interior(pos, live, klen, window, LOCAL, BLOCK)
         m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
                                    kvh, pos, klen, window, c, D, ilo, ihi, LOCAL, INTERPRET, IEEE,
-                                   False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR, c0, COLS)
+                                   False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
         if _nonfinite(o) != 0:
             m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
                                        Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
-                                       INTERPRET, IEEE, True, BLOCK_M, BLOCK, BLOCK_D, INTERIOR,
-                                       c0, COLS)
+                                       INTERPRET, IEEE, True, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
         r = tl.arange(0, BLOCK_M)
-        if VALUE_PARTS == 1:
-            d = tl.arange(0, BLOCK_D)
-            tl.store(part_m_ptr + slot * BLOCK_M + r, m)
-            tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
-        else:
-            d = c0 + tl.arange(0, COLS)
-            if vpart == 0:
-                tl.store(part_m_ptr + slot * BLOCK_M + r, m)
-                tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
+        d = tl.arange(0, BLOCK_D)
+        tl.store(part_m_ptr + slot * BLOCK_M + r, m)
+        tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
         tl.store(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], o)
         if MERGE_IN:
             # every thread's stores issued, then one release/acquire count at GPU scope: the
