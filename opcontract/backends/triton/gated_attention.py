@@ -326,7 +326,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
         plan.merge_stages = int(cfg.get("merge_stages", 1))
-        ahead = int(cfg.get("merge_ahead", 0))
+        ahead = int(cfg["merge_ahead"])  # (-1 from _defaults unless the config says)
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
