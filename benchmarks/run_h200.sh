@@ -163,6 +163,11 @@ for s in "$@"; do
                 --split 1 --block-m 16 --warps 1,2,4 --stages 1,2,3 --interior 1 --merge-ahead -1 \
                 --B 1,8,64 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_stages_${LABEL}.json" ;;
+        decode-ceiling)  # what a Triton chunk program reads: loads, products, softmax, the row sum
+            stage decode-ceiling "${CEILING_LIMIT:-240}" python3 benchmarks/attention_decode_ceiling.py \
+                --B "${B:-1,8,64}" --L "${L:-8192}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/attention_decode_ceiling_${LABEL}.json" ;;
+        sweep-attention-decode) sweep attention-decode triton.attention 16 60 540 --max-batch 64 ;;
         attention-decode) stage attention-decode 400 python3 benchmarks/attention.py --parts decode \
             --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_decode_h200_${LABEL}.json" ;;
         decode-split) stage decode-split 240 python3 benchmarks/decode_host_split.py \
