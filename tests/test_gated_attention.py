@@ -303,10 +303,11 @@ def test_split_decode_redoes_non_finite_chunks_in_program(kw, monkeypatch):
         assert not bad[500:650].any() and not bad[651:700].any() and not bad[1100:1300].any()
 
 
-VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead) beside the plain kernels
-    (0, 1, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0), (0, 1, 1, 0, 0, 0), (1, 1, 0, 0, 0, 0),
-    (0, 1, 0, 1, 0, 0), (0, 0, 0, 1, 0, 0), (1, 1, 0, 0, 1, 0), (1, 1, 0, 0, 0, 1),
-    (1, 1, 0, 0, 1, 1),
+VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead, rows_first) beside
+    # the plain kernels
+    (0, 1, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0, 0), (0, 1, 1, 0, 0, 0, 0), (1, 1, 0, 0, 0, 0, 0),
+    (0, 1, 0, 1, 0, 0, 0), (0, 0, 0, 1, 0, 0, 0), (1, 1, 0, 0, 1, 0, 0), (1, 1, 0, 0, 0, 1, 0),
+    (1, 1, 0, 0, 1, 1, 0), (1, 1, 0, 0, 0, 0, 1), (1, 1, 0, 0, 1, 1, 1),
 ]
 
 
@@ -317,7 +318,8 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     ``flat`` (the fused kernel's blocks in one loop, each chunk merged inside it) and
     ``reg_o`` (the running O in registers, not in the attn output between chunks) and
     ``merge_in`` (split decode's merge by each tile's last chunk program) and
-    ``merge_ahead`` (the merge reading eight chunks ahead), each with
+    ``merge_ahead`` (the merge reading eight chunks ahead) and ``rows_first`` (a chunk's
+    block rows read together before its blocks), each with
     the tiles launched in either order (``heavy_first``): packed
     (tiles across sequence and window edges) and left-padded (rows without a query in a
     tile, and tiles without one), with a NaN value and an infinite key: the plain kernels'
@@ -328,11 +330,11 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     seqs[1][1][100, 0, :] = float("inf")
     base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
             for split in (0, 1)}  # fmt: skip
-    for split, interior, flat, reg_o, merge_in, merge_ahead in VARIANTS:
+    for split, interior, flat, reg_o, merge_in, merge_ahead, whole in VARIANTS:
         for heavy_first in (0, 1):
             cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o,
                    "heavy_first": heavy_first, "merge_in": merge_in,
-                   "merge_ahead": merge_ahead}  # fmt: skip
+                   "merge_ahead": merge_ahead, "rows_first": whole}  # fmt: skip
             got = _packed(seqs, backend="triton", config=cfg, **kw)
             torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
                                        msg=str(cfg))  # fmt: skip
@@ -456,19 +458,20 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
         for a, b in zip(_grads(seqs, cfg, **kw), base, strict=True):
             assert torch.equal(a, b), cfg
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
-    for split, interior, block_m in ((0, 0, 64), (1, 0, 64), (0, 1, 64), (1, 1, 64),
-                                     (1, 1, 16), (0, 1, 16)):
+    for split, interior, block_m, whole in ((0, 0, 64, 0), (1, 0, 64, 0), (0, 1, 64, 0),
+                                            (1, 1, 64, 0), (1, 1, 16, 0), (0, 1, 16, 0),
+                                            (1, 1, 16, 1), (1, 1, 64, 1)):
         cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                                        device="cuda", sequences=1, backend="triton",
                                        config={"split": split, "interior": interior,
-                                               "block_m": block_m},
+                                               "block_m": block_m, "rows_first": whole},
                                        **kw)  # fmt: skip
         a = 0
         for n in (1, 127, 641, 2047, 179, 1, 1, 1, 1, 1):
             r = slice(a, a + n)
             out = cache.step(torch.zeros(n, dtype=torch.long), torch.arange(a, a + n), q[r],
                              k[r], v[r], gate[r])  # fmt: skip
-            assert torch.equal(out, train[r]), (split, interior, block_m, a, n)
+            assert torch.equal(out, train[r]), (split, interior, block_m, whole, a, n)
             a += n
 
 

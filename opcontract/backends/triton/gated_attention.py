@@ -142,6 +142,9 @@ CONFIG_SPACE = {
     # / 35.1 -> 15.9 / 17.5 / 26.9 us at B = 1 / 8 / 64 (0.250 / 0.586 / 0.869 -> 0.268 /
     # 0.644 / 0.880 of the copy rate); at L = 8192 (16 chunks) 5.1 -> 5.7 us at B = 1
     "merge_ahead": (0, 1),
+    # split decode: a chunk's block rows read together before its blocks (``_chunk_rows``),
+    # not one load a block on the way to its keys (addresses only: the same bits)
+    "rows_first": (0, 1),
 }
 
 
@@ -184,7 +187,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
-            "merge_ahead": -1}  # fmt: skip
+            "merge_ahead": -1, "rows_first": 0}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -277,6 +280,7 @@ class ForwardPlan:
     counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
     merge_stages: int = 1
     merge_ahead: bool = False
+    rows_first: bool = False
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
@@ -328,6 +332,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         plan.merge_stages = int(cfg.get("merge_stages", 1))
         ahead = int(cfg["merge_ahead"])  # (-1 from _defaults unless the config says)
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
+        plan.rows_first = bool(cfg["rows_first"])
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
     return plan
@@ -365,7 +370,7 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
                key_len, plan.table, part_m, part_l, part_o, gate, out, attn, lse, counts, T, N,
                Hq, Hkv, G, D, NB, plan.n_chunks, plan.window, plan.c, IEEE=ieee,
                INTERIOR=plan.interior, MERGE_IN=merge_in, AHEAD=plan.merge_ahead,
-               **plan.meta)  # fmt: skip
+               ROWS_FIRST=plan.rows_first, **plan.meta)  # fmt: skip
         if merge_in:
             return
         rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])

@@ -299,8 +299,10 @@ def _segments(first, last, ilo, ihi):
 def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
                   window, c, m, lsum, o, any_c, D, LOCAL: tl.constexpr,
                   INTERPRET: tl.constexpr, IEEE: tl.constexpr, SAFE: tl.constexpr,
-                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr):
-    """Blocks first .. last of a chunk onto (m, l, o, any), ascending."""
+                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr,
+                  rows=None, ROWS_FIRST: tl.constexpr = False):
+    """Blocks first .. last of a chunk onto (m, l, o, any), ascending. ROWS_FIRST: each
+    block's row from ``rows`` (``_chunk_rows``), not a load of its own."""
     if SAFE:
         # unpipelined whatever the kernel's stages: the masked products need the shared
         # memory a second stage would take
@@ -312,7 +314,12 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
             any_c = any_c | upd
     else:
         for b in range(first, last + 1):
-            rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
+            if ROWS_FIRST:
+                r0, r1, r2, r3 = rows
+                i = b % 4
+                rowb = tl.where(i == 0, r0, tl.where(i == 1, r1, tl.where(i == 2, r2, r3)))
+            else:
+                rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
             m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
                                             window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
                                             SAFE, BLOCK, BLOCK_D, MASK)
@@ -320,30 +327,53 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
 
 
 @triton.jit
+def _chunk_rows(block_rows_ptr, s, NB, first, last):
+    """The block rows of the chunk of four blocks that holds first .. last, as four
+    independent loads issued together (a block past NB or outside first .. last: -1, never
+    read)."""
+    b0 = first - first % 4
+    at = block_rows_ptr + s * NB + b0
+    r0 = tl.load(at, mask=(b0 >= first) & (b0 <= last), other=-1).to(tl.int32)
+    r1 = tl.load(at + 1, mask=(b0 + 1 >= first) & (b0 + 1 <= last), other=-1).to(tl.int32)
+    r2 = tl.load(at + 2, mask=(b0 + 2 >= first) & (b0 + 2 <= last), other=-1).to(tl.int32)
+    r3 = tl.load(at + 3, mask=(b0 + 3 >= first) & (b0 + 3 <= last), other=-1).to(tl.int32)
+    return r0, r1, r2, r3
+
+
+@triton.jit
 def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
            window, c, D, ilo, ihi, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
            IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-           BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr):
+           BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr, ROWS_FIRST: tl.constexpr = False):
     """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
     empty state. The fused and the split kernels both call this, with the same bounds.
     INTERIOR (fast pass): the blocks ilo .. ihi that every live row sees whole run without
     the visibility mask (``_block_update``'s MASK False), the rest with it, in the same
-    ascending order: the same bits."""
+    ascending order: the same bits. ROWS_FIRST (fast pass, a chunk of four blocks): the
+    chunk's block rows read together before its blocks (``_chunk_rows``), so no block waits
+    on a load of its row before its keys' loads can start."""
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     lsum = tl.zeros((BLOCK_M,), tl.float32)
     o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     any_c = lsum > 0
     if INTERIOR and not SAFE:
+        rows = None
+        if ROWS_FIRST:
+            tl.static_assert(BLOCK == 128)
+            rows = _chunk_rows(block_rows_ptr, s, NB, first, last)
         below, lo, hi, above = _segments(first, last, ilo, ihi)
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, below,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
-                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
+                                          rows, ROWS_FIRST)  # fmt: skip
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, lo, hi, N,
                                           Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c, D,
-                                          LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, False)
+                                          LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, False,
+                                          rows, ROWS_FIRST)  # fmt: skip
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, above, last,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
-                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
+                                          rows, ROWS_FIRST)  # fmt: skip
     else:
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
@@ -561,7 +591,8 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                        LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                        CHUNK_BLOCKS: tl.constexpr, INTERIOR: tl.constexpr = False,
-                       MERGE_IN: tl.constexpr = False, AHEAD: tl.constexpr = False):
+                       MERGE_IN: tl.constexpr = False, AHEAD: tl.constexpr = False,
+                       ROWS_FIRST: tl.constexpr = False):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
     -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
@@ -594,7 +625,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
         ilo, ihi = _interior(pos, live, klen, window, LOCAL, BLOCK)
         m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
                                    kvh, pos, klen, window, c, D, ilo, ihi, LOCAL, INTERPRET, IEEE,
-                                   False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
+                                   False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR, ROWS_FIRST)
         if _nonfinite(o) != 0:
             m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
                                        Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
