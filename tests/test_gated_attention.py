@@ -721,3 +721,29 @@ def test_merge_ahead_by_default_where_a_tile_spans_more_than_16_chunks(layer, wi
     assert plan(8192).merge_ahead == (layer == "global")
     assert not plan(8192, {"merge_ahead": 0}).merge_ahead
     assert plan(1000, {"merge_ahead": 1}).merge_ahead  # two chunks
+
+
+def test_decode_stages_three_only_where_split_programs_read_rows_first_in_one_wave():
+    """A decode call's default stages (num_stages -1): three where the split programs read
+    their block rows first and fit one an SM, else two; a plan off the GPU (no SMs) and an
+    explicit num_stages keep two and what was asked. Only plans are built (no kernel runs)."""
+    from opcontract.backends.triton import gated_attention as tga
+
+    assert tga.decode_stages(32, True, 132) == 3
+    assert tga.decode_stages(132, True, 132) == 3
+    assert tga.decode_stages(133, True, 132) == 2
+    assert tga.decode_stages(32, False, 132) == 2
+    assert tga.decode_stages(0, True, 132) == 2
+    q = torch.zeros(1, HQ, D, dtype=torch.bfloat16)
+    k = torch.zeros(1, HKV, D, dtype=torch.bfloat16)
+
+    def plan(config):
+        return tga.plan_forward({"split": 1, **config}, q, k, torch.tensor([4000]),
+                                torch.zeros(1, dtype=torch.int32),
+                                torch.arange(32, dtype=torch.int32)[None], layer="global",
+                                window=None, scale=None)  # fmt: skip
+
+    default = plan({})
+    assert default.split and default.rows_first and default.meta["num_stages"] == 2  # CPU
+    assert plan({"num_stages": 3}).meta["num_stages"] == 3
+    assert not plan({"rows_first": 0}).rows_first

@@ -143,7 +143,10 @@ CONFIG_SPACE = {
     # 0.644 / 0.880 of the copy rate); at L = 8192 (16 chunks) 5.1 -> 5.7 us at B = 1
     "merge_ahead": (0, 1),
     # split decode: a chunk's block rows read together before its blocks (``_chunk_rows``),
-    # not one load a block on the way to its keys (addresses only: the same bits)
+    # not one load a block on the way to its keys (addresses only: the same bits). On by
+    # default: on an H100 the chunk kernel 0.25-3.6% faster at all six decode shapes timed
+    # (B = 1 / 8 / 64, L = 8192 / 32768, two stages), 0 of 24 outputs moved a bit; with it a
+    # third stage gets its second buffer (attention_decode_rows_first_h100.json)
     "rows_first": (0, 1),
 }
 
@@ -157,8 +160,9 @@ def default_config(call=None) -> dict:
     in registers (reg_o: the fused kernel 1.25-1.32x faster in GPU time at L = 8192 and
     16384 global, 1.07-1.09x local, attention_kernel_time_reg_o_lean_h200.json). Decode calls
     (at most one query token a sequence): tiles of 16 rows (one token's 16 heads), two
-    stages, 4 warps (``_one_token_a_sequence``; 1, 2 and 8 warps read the cache slower at
-    every decode batch measured on an H100, attention_decode_stages_h100.json,
+    stages (three where few split programs run: ``decode_stages``), 4 warps
+    (``_one_token_a_sequence``; 1, 2 and 8 warps read the cache slower at every decode
+    batch measured on an H100, attention_decode_stages_h100.json,
     attention_decode_warps8_h100.json). Other smaller calls (prefill chunks): 64
     rows, one stage, 4 warps, which read the cache 1.1-1.5x faster than 8 warps at every
     decode batch of 8 to 256 measured (attention_decode_explore_h200.json,
@@ -178,7 +182,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
     unknown)."""
     decode = _one_token_a_sequence(T, S)
     return {"split": -1, "block_m": 16 if decode else _block_m(T), "num_warps": _warps(T),
-            "num_stages": 2 if decode else _stages(T), "interior": 1, "flat": 0,
+            "num_stages": -1 if decode else _stages(T), "interior": 1, "flat": 0,
             "reg_o": int(T is not None and T >= 1024),
             "bwd_block_m": _block_m(T), "bwd_warps": 8,
             "bwd_stages": 2 if T is not None and T >= 1024 else 1,
@@ -187,7 +191,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
-            "merge_ahead": -1, "rows_first": 0}  # fmt: skip
+            "merge_ahead": -1, "rows_first": 1}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -335,7 +339,26 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         plan.rows_first = bool(cfg["rows_first"])
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
+    if int(cfg["num_stages"]) < 0:  # decode's default
+        plan.meta["num_stages"] = decode_stages(programs, plan.split and plan.rows_first,
+                                                _sms(q.device))  # fmt: skip
     return plan
+
+
+def decode_stages(programs: int, rows_first: bool, sms: int) -> int:
+    """A decode call's pipeline stages: three (two K/V buffers in flight, 139 KB of shared
+    memory: one program an SM) where its split programs read their block rows first and fit
+    in one wave of one an SM, else two. On an H100 with rows first, three stages took the
+    chunk kernel 11.17 -> 10.39 us at B = 1, L = 8192 (32 programs) and 14.07 -> 11.87 us at
+    L = 32768 (128), and were 4-13% slower at B = 8 and 64 (256 programs and more)
+    (attention_decode_rows_first_h100.json). No choice of stages moves a bit."""
+    return 3 if rows_first and 0 < programs <= sms else 2
+
+
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 _ONES: dict[torch.device, torch.Tensor] = {}
