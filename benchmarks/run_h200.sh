@@ -165,7 +165,7 @@ for s in "$@"; do
                 --out "$OUT/attention_decode_stages_${LABEL}.json" ;;
         rows-first)  # split decode with each chunk's block rows read before its blocks
             stage rows-first "${ROWS_LIMIT:-300}" python3 benchmarks/attention_decode_explore.py \
-                --kernel-us --split 1 --block-m 16 --warps 4 --stages "${STAGES:-2,3}" --interior 1 \
+                --kernel-us --split 1 --block-m 16 --warps 4 --stages="${STAGES:-2,3}" --interior 1 \
                 --merge-ahead -1 --rows-first 0,1 --B "${B:-1,8,64}" --L "${L:-8192,32768}" \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_rows_first_${LABEL}.json" ;;
