@@ -173,7 +173,7 @@ for s in "$@"; do
             stage decode-ceiling "${CEILING_LIMIT:-240}" python3 benchmarks/attention_decode_ceiling.py \
                 --B "${B:-1,8,64}" --L "${L:-8192}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_ceiling_${LABEL}.json" ;;
-        sweep-attention-decode) sweep attention-decode triton.attention 16 60 540 --max-batch 64 ;;
+        sweep-attention-decode) sweep attention-decode triton.attention 32 70 540 --max-batch 64 ;;
         attention-decode) stage attention-decode 400 python3 benchmarks/attention.py --parts decode \
             --note "tree ${OPCONTRACT_COMMIT:-unknown}" --out "$OUT/attention_decode_h200_${LABEL}.json" ;;
         decode-split) stage decode-split 240 python3 benchmarks/decode_host_split.py \
