@@ -330,11 +330,11 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     seqs[1][1][100, 0, :] = float("inf")
     base = {split: _packed(seqs, backend="triton", config={"split": split}, **kw)
             for split in (0, 1)}  # fmt: skip
-    for split, interior, flat, reg_o, merge_in, merge_ahead, whole in VARIANTS:
+    for split, interior, flat, reg_o, merge_in, merge_ahead, rows_first in VARIANTS:
         for heavy_first in (0, 1):
             cfg = {"split": split, "interior": interior, "flat": flat, "reg_o": reg_o,
                    "heavy_first": heavy_first, "merge_in": merge_in,
-                   "merge_ahead": merge_ahead, "rows_first": whole}  # fmt: skip
+                   "merge_ahead": merge_ahead, "rows_first": rows_first}  # fmt: skip
             got = _packed(seqs, backend="triton", config=cfg, **kw)
             torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
                                        msg=str(cfg))  # fmt: skip
@@ -458,20 +458,20 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
         for a, b in zip(_grads(seqs, cfg, **kw), base, strict=True):
             assert torch.equal(a, b), cfg
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
-    for split, interior, block_m, whole in ((0, 0, 64, 0), (1, 0, 64, 0), (0, 1, 64, 0),
-                                            (1, 1, 64, 0), (1, 1, 16, 0), (0, 1, 16, 0),
-                                            (1, 1, 16, 1), (1, 1, 64, 1)):
+    for split, interior, block_m, rows_first in ((0, 0, 64, 0), (1, 0, 64, 0), (0, 1, 64, 0),
+                                                 (1, 1, 64, 0), (1, 1, 16, 0), (0, 1, 16, 0),
+                                                 (1, 1, 16, 1), (1, 1, 64, 1)):
         cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                                        device="cuda", sequences=1, backend="triton",
                                        config={"split": split, "interior": interior,
-                                               "block_m": block_m, "rows_first": whole},
+                                               "block_m": block_m, "rows_first": rows_first},
                                        **kw)  # fmt: skip
         a = 0
         for n in (1, 127, 641, 2047, 179, 1, 1, 1, 1, 1):
             r = slice(a, a + n)
             out = cache.step(torch.zeros(n, dtype=torch.long), torch.arange(a, a + n), q[r],
                              k[r], v[r], gate[r])  # fmt: skip
-            assert torch.equal(out, train[r]), (split, interior, block_m, whole, a, n)
+            assert torch.equal(out, train[r]), (split, interior, block_m, rows_first, a, n)
             a += n
 
 
@@ -698,23 +698,30 @@ def test_chunk_count_on_the_host_matches_the_kernels_rule():
     assert sizes == {False, True}
 
 
+def _split_decode_plan(position: int, config=None, layer: str = "global", window=None):
+    """The Triton plan (no kernel runs) of one decode token at ``position`` of a sequence
+    whose blocks 0 .. position // 128 are cached, split decode unless ``config`` says."""
+    from opcontract.backends.triton import gated_attention as tga
+
+    q = torch.zeros(1, HQ, D, dtype=torch.bfloat16)
+    k = torch.zeros(1, HKV, D, dtype=torch.bfloat16)
+    nb = position // 128 + 1
+    return tga.plan_forward({"split": 1, **(config or {})}, q, k,
+                            torch.tensor([position], dtype=torch.int32),
+                            torch.zeros(1, dtype=torch.int32),
+                            torch.arange(nb, dtype=torch.int32)[None], layer=layer,
+                            window=window, scale=None)  # fmt: skip
+
+
 @pytest.mark.parametrize("layer, window", [("global", 0), ("local", 2048)])
 def test_merge_ahead_by_default_where_a_tile_spans_more_than_16_chunks(layer, window):
     """Default merge_ahead (-1): the split decode's read-ahead merge for a call whose tiles
     span more than 16 chunks of 512 positions (a global layer's token at position 8192 and
     beyond), not at 8191 or for a local layer's window of 2048 (5 chunks at most); an
     explicit 0 or 1 is kept. Only the plan is built (no kernel runs)."""
-    from opcontract.backends.triton import gated_attention as tga
 
     def plan(position: int, config=None):
-        q = torch.zeros(1, HQ, D, dtype=torch.bfloat16)
-        k = torch.zeros(1, HKV, D, dtype=torch.bfloat16)
-        nb = position // 128 + 1
-        return tga.plan_forward({"split": 1, **(config or {})}, q, k,
-                                torch.tensor([position], dtype=torch.int32),
-                                torch.zeros(1, dtype=torch.int32),
-                                torch.arange(nb, dtype=torch.int32)[None], layer=layer,
-                                window=window, scale=None)  # fmt: skip
+        return _split_decode_plan(position, config, layer, window)
 
     assert plan(8191).n_chunks == (16 if layer == "global" else 4)
     assert not plan(8191).merge_ahead
@@ -734,16 +741,7 @@ def test_decode_stages_three_only_where_split_programs_read_rows_first_in_one_wa
     assert tga.decode_stages(133, True, 132) == 2
     assert tga.decode_stages(32, False, 132) == 2
     assert tga.decode_stages(0, True, 132) == 2
-    q = torch.zeros(1, HQ, D, dtype=torch.bfloat16)
-    k = torch.zeros(1, HKV, D, dtype=torch.bfloat16)
-
-    def plan(config):
-        return tga.plan_forward({"split": 1, **config}, q, k, torch.tensor([4000]),
-                                torch.zeros(1, dtype=torch.int32),
-                                torch.arange(32, dtype=torch.int32)[None], layer="global",
-                                window=None, scale=None)  # fmt: skip
-
-    default = plan({})
+    default = _split_decode_plan(4000)
     assert default.split and default.rows_first and default.meta["num_stages"] == 2  # CPU
-    assert plan({"num_stages": 3}).meta["num_stages"] == 3
-    assert not plan({"rows_first": 0}).rows_first
+    assert _split_decode_plan(4000, {"num_stages": 3}).meta["num_stages"] == 3
+    assert not _split_decode_plan(4000, {"rows_first": 0}).rows_first

@@ -227,7 +227,7 @@ def _split_pays(n_programs: int, n_chunks: int, num_warps: int, device) -> bool:
     # warps (two programs an SM) split wins up to B = 64 (128 programs) and loses at
     # B = 256 (512); with 8 warps (one an SM) it won at B <= 8 (16 programs) and lost
     # 15-18% at B = 64 (attention_h200.json)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sms(device)
     return n_programs <= 2 * sms if num_warps <= 4 else 2 * n_programs <= sms
 
 
@@ -340,8 +340,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
     if int(cfg["num_stages"]) < 0:  # decode's default
-        plan.meta["num_stages"] = decode_stages(programs, plan.split and plan.rows_first,
-                                                _sms(q.device))  # fmt: skip
+        plan.meta["num_stages"] = decode_stages(programs, plan.rows_first, _sms(q.device))
     return plan
 
 
@@ -356,6 +355,7 @@ def decode_stages(programs: int, rows_first: bool, sms: int) -> int:
 
 
 def _sms(device: torch.device) -> int:
+    """The device's SM count (0 off the GPU)."""
     if device.type != "cuda":
         return 0
     return torch.cuda.get_device_properties(device).multi_processor_count
