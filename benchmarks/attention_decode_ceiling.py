@@ -33,6 +33,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+from attention_decode_explore import decode_fn, inputs  # noqa: E402
 
 from opcontract.backends.triton.gated_attention_kernels import _block_sum  # noqa: E402
 
@@ -95,14 +96,6 @@ def _chunk_ceiling(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr, N, L, NC, c, HKV: t
         tl.store(o_ptr + slot[:, None] * D + d[None, :], o)
 
 
-def inputs(B: int, L: int):
-    g = torch.Generator(device="cuda").manual_seed(B + L)
-    k = torch.randn(B * L, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    q = torch.randn(B, HQ, D, device="cuda", generator=g, dtype=torch.bfloat16)
-    return q, k, v
-
-
 def rung_fn(q, k, v, B, L, rung, desc, stages, cb=4):
     G = HQ // HKV
     NC = L // (cb * BLOCK)
@@ -115,26 +108,6 @@ def rung_fn(q, k, v, B, L, rung, desc, stages, cb=4):
     def fn():
         _chunk_ceiling[(n,)](q, k, v, m, lsum, o, B * L, L, NC, c, HKV, D, G, BLOCK, cb,
                              RUNGS[rung], desc, stages, num_warps=4)  # fmt: skip
-
-    return fn
-
-
-def opcontract_fn(q, k, v, B, L):
-    from opcontract.backends.triton import gated_attention as tga
-
-    gate = torch.randn_like(q)
-    pos = torch.full((B,), L - 1, device="cuda")
-    seq = torch.arange(B, device="cuda")
-    table = seq[:, None] * L + 128 * torch.arange(L // 128, device="cuda")[None]
-    key_len = torch.full((B,), L, device="cuda")
-    out = torch.empty_like(q)
-    attn = torch.empty(q.shape, dtype=torch.float32, device="cuda")
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device="cuda")
-    cfg = {"split": 1, "block_m": 16, "num_warps": 4, "num_stages": 2, "interior": 1}
-    plan = tga.plan_forward(cfg, q, k, pos, seq, table, layer="global", window=None, scale=None)
-
-    def fn():
-        tga.run_forward(plan, q, k, v, gate, pos, table, key_len, out, attn, lse)
 
     return fn
 
@@ -157,10 +130,11 @@ def main() -> None:
                "note": a.note, "rows": rows}  # fmt: skip
     t0 = time.time()
     for L, B in itertools.product(map(int, a.L.split(",")), map(int, a.B.split(","))):
-        q, k, v = inputs(B, L)
+        q, k, v, gate, _, seq, table, key_len = inputs(B, L)
         nbytes = 2 * B * L * HKV * D * 2
         programs = B * HKV * (L // (4 * BLOCK))
-        fn = opcontract_fn(q, k, v, B, L)
+        cfg = {"split": 1, "block_m": 16, "num_warps": 4, "num_stages": 2, "interior": 1}
+        fn = decode_fn(cfg, q, k, v, gate, key_len - 1, seq, table, key_len)[0]
         fn()
         us = common.kernel_us(fn, calls=20)
         chunk_us = sum(t for name, t in us.items() if "chunk" in name)
@@ -182,7 +156,7 @@ def main() -> None:
                 row["error"] = repr(e)[:300]
             rows.append(row)
             print(row, flush=True)
-        del q, k, v
+        del q, k, v, gate
         torch.cuda.empty_cache()
         common.write(a.out, payload)
     payload["seconds"] = round(time.time() - t0, 1)

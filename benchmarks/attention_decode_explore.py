@@ -46,6 +46,22 @@ def inputs(B: int, L: int):
     return q, k, v, gate, pos, torch.arange(B, device=dev), table, key_len
 
 
+def decode_fn(cfg: dict, q, k, v, gate, pos, seq, table, key_len):
+    """(fn, out, lse, plan): one decode call of the Triton gated_attention planned with
+    ``cfg`` (a global layer), ``fn`` launching its kernels into out / lse."""
+    from opcontract.backends.triton import gated_attention as tga
+
+    out = torch.empty_like(q)
+    attn = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    plan = tga.plan_forward(cfg, q, k, pos, seq, table, layer="global", window=None, scale=None)
+
+    def fn():
+        tga.run_forward(plan, q, k, v, gate, pos, table, key_len, out, attn, lse)
+
+    return fn, out, lse, plan
+
+
 def kernels_seen() -> list[dict]:
     from opcontract.backends.triton import launch
 
@@ -61,7 +77,6 @@ def kernels_seen() -> list[dict]:
 
 def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
     import opcontract.backends.triton as tpkg
-    from opcontract.backends.triton import gated_attention as tga
     from opcontract.backends.triton import gated_attention_kernels as now
     from opcontract.backends.triton import launch
 
@@ -69,15 +84,7 @@ def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
     nbytes = 2 * B * L * HKV * D * 2
 
     def run(cfg):
-        out = torch.empty_like(q)
-        attn = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        plan = tga.plan_forward(cfg, q, k, pos, seq, table, layer="global", window=None,
-                                scale=None)  # fmt: skip
-
-        def fn():
-            tga.run_forward(plan, q, k, v, gate, pos, table, key_len, out, attn, lse)
-
+        fn, out, lse, plan = decode_fn(cfg, q, k, v, gate, pos, seq, table, key_len)
         fn()
         return fn, out, lse, plan
 
