@@ -328,9 +328,9 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
 
 @triton.jit
 def _chunk_rows(block_rows_ptr, s, NB, first, last):
-    """The block rows of the chunk of four blocks that holds first .. last, as four
-    independent loads issued together (a block past NB or outside first .. last: -1, never
-    read)."""
+    """The block rows of the chunk of four blocks (512 positions of 128) that holds
+    first .. last, as four independent loads issued together (a block outside
+    first .. last: -1, never read)."""
     b0 = first - first % 4
     at = block_rows_ptr + s * NB + b0
     r0 = tl.load(at, mask=(b0 >= first) & (b0 <= last), other=-1).to(tl.int32)
@@ -349,9 +349,9 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
     empty state. The fused and the split kernels both call this, with the same bounds.
     INTERIOR (fast pass): the blocks ilo .. ihi that every live row sees whole run without
     the visibility mask (``_block_update``'s MASK False), the rest with it, in the same
-    ascending order: the same bits. ROWS_FIRST (fast pass, a chunk of four blocks): the
-    chunk's block rows read together before its blocks (``_chunk_rows``), so no block waits
-    on a load of its row before its keys' loads can start."""
+    ascending order: the same bits. ROWS_FIRST (with INTERIOR, fast pass, a chunk of four
+    blocks): the chunk's block rows read together before its blocks (``_chunk_rows``), so no
+    block waits on a load of its row before its keys' loads can start."""
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     lsum = tl.zeros((BLOCK_M,), tl.float32)
     o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
