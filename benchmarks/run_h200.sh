@@ -163,10 +163,10 @@ for s in "$@"; do
                 --split 1 --block-m 16 --warps 1,2,4 --stages 1,2,3 --interior 1 --merge-ahead -1 \
                 --B 1,8,64 --L 8192,32768 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_stages_${LABEL}.json" ;;
-        rows-first)  # split decode with each chunk's block rows read before its blocks
+        rows-first)  # split decode: block rows read with each block (0), before a chunk's blocks (1), at the start (2)
             stage rows-first "${ROWS_LIMIT:-300}" python3 benchmarks/attention_decode_explore.py \
                 --kernel-us --split 1 --block-m 16 --warps 4 --stages="${STAGES:-2,3}" --interior 1 \
-                --merge-ahead -1 --rows-first 0,1 --B "${B:-1,8,64}" --L "${L:-8192,32768}" \
+                --merge-ahead -1 --rows-first "${ROWS:-0,1,2}" --B "${B:-1,8,64}" --L "${L:-8192,32768}" \
                 --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_rows_first_${LABEL}.json" ;;
         decode-ceiling)  # what a Triton chunk program reads: loads, products, softmax, the row sum

@@ -307,7 +307,8 @@ VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead, rows_first
     # the plain kernels
     (0, 1, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0, 0), (0, 1, 1, 0, 0, 0, 0), (1, 1, 0, 0, 0, 0, 0),
     (0, 1, 0, 1, 0, 0, 0), (0, 0, 0, 1, 0, 0, 0), (1, 1, 0, 0, 1, 0, 0), (1, 1, 0, 0, 0, 1, 0),
-    (1, 1, 0, 0, 1, 1, 0), (1, 1, 0, 0, 0, 0, 1), (1, 1, 0, 0, 1, 1, 1),
+    (1, 1, 0, 0, 1, 1, 0), (1, 1, 0, 0, 0, 0, 1), (1, 1, 0, 0, 1, 1, 1), (1, 1, 0, 0, 0, 0, 2),
+    (1, 1, 0, 0, 1, 1, 2),
 ]
 
 
@@ -460,7 +461,8 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
     for split, interior, block_m, rows_first in ((0, 0, 64, 0), (1, 0, 64, 0), (0, 1, 64, 0),
                                                  (1, 1, 64, 0), (1, 1, 16, 0), (0, 1, 16, 0),
-                                                 (1, 1, 16, 1), (1, 1, 64, 1)):
+                                                 (1, 1, 16, 1), (1, 1, 64, 1), (1, 1, 16, 2),
+                                                 (1, 1, 64, 2)):
         cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                                        device="cuda", sequences=1, backend="triton",
                                        config={"split": split, "interior": interior,

@@ -146,8 +146,11 @@ CONFIG_SPACE = {
     # not one load a block on the way to its keys (addresses only: the same bits). On by
     # default: on an H100 the chunk kernel 0.25-3.6% faster at all six decode shapes timed
     # (B = 1 / 8 / 64, L = 8192 / 32768, two stages), 0 of 24 outputs moved a bit; with it a
-    # third stage gets its second buffer (attention_decode_rows_first_h100.json)
-    "rows_first": (0, 1),
+    # third stage gets its second buffer (attention_decode_rows_first_h100.json). 2: on a
+    # global layer the rows (and q) read at the program's start, beside the positions and
+    # the key length, not after the key bounds computed from them (one memory wait fewer
+    # before the first keys; a local layer's chunk bounds need the positions: as 1)
+    "rows_first": (0, 1, 2),
 }
 
 
@@ -284,7 +287,7 @@ class ForwardPlan:
     counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
     merge_stages: int = 1
     merge_ahead: bool = False
-    rows_first: bool = False
+    rows_first: int = 0  # split: CONFIG_SPACE's rows_first
 
 
 def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, scale,
@@ -336,7 +339,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         plan.merge_stages = int(cfg.get("merge_stages", 1))
         ahead = int(cfg["merge_ahead"])  # (-1 from _defaults unless the config says)
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
-        plan.rows_first = bool(cfg["rows_first"])
+        plan.rows_first = int(cfg["rows_first"])
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
     if int(cfg["num_stages"]) < 0:  # decode's default
@@ -344,7 +347,7 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     return plan
 
 
-def decode_stages(programs: int, rows_first: bool, sms: int) -> int:
+def decode_stages(programs: int, rows_first: int, sms: int) -> int:
     """A decode call's pipeline stages: three (two K/V buffers in flight, 139 KB of shared
     memory: one program an SM) where its split programs read their block rows first and fit
     in one wave of one an SM, else two. On an H100 with rows first, three stages took the

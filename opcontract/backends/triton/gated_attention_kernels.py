@@ -258,6 +258,13 @@ def _tile_keys(tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL: tl.con
     """The tile's rows and the key blocks b_lo .. b_hi its rows see (b_hi < b_lo: none)."""
     token, g, pos, live, s = _tile_rows(tile_ptr, positions_ptr, G, T, BLOCK_M)
     klen = tl.load(key_len_ptr + s).to(tl.int32)
+    b_lo, b_hi = _key_blocks(pos, live, window, LOCAL, BLOCK)
+    return token, g, pos, live, s, klen, b_lo, b_hi
+
+
+@triton.jit
+def _key_blocks(pos, live, window, LOCAL: tl.constexpr, BLOCK: tl.constexpr):
+    """(b_lo, b_hi): the key blocks the tile's live rows see (b_hi < b_lo: none)."""
     hi = tl.max(tl.where(live, pos, -1), axis=0)
     if LOCAL:
         lo = tl.min(tl.where(live & (pos >= 0), tl.maximum(pos - window + 1, 0), hi + 1), axis=0)
@@ -265,7 +272,7 @@ def _tile_keys(tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL: tl.con
         lo = 0
     b_lo = lo // BLOCK
     b_hi = tl.where(hi >= 0, hi // BLOCK, b_lo - 1)
-    return token, g, pos, live, s, klen, b_lo, b_hi
+    return b_lo, b_hi
 
 
 @triton.jit
@@ -327,16 +334,15 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
 
 
 @triton.jit
-def _chunk_rows(block_rows_ptr, s, NB, first, last):
-    """The block rows of the chunk of four blocks (512 positions of 128) that holds
-    first .. last, as four independent loads issued together (a block outside
-    first .. last: -1, never read)."""
-    b0 = first - first % 4
+def _chunk_rows(block_rows_ptr, s, NB, b0):
+    """The block rows of sequence s's chunk of four blocks (512 positions of 128) from
+    block b0, as four independent loads issued together (a block past the table: -1). The
+    caller reads only the rows of the blocks it runs."""
     at = block_rows_ptr + s * NB + b0
-    r0 = tl.load(at, mask=(b0 >= first) & (b0 <= last), other=-1).to(tl.int32)
-    r1 = tl.load(at + 1, mask=(b0 + 1 >= first) & (b0 + 1 <= last), other=-1).to(tl.int32)
-    r2 = tl.load(at + 2, mask=(b0 + 2 >= first) & (b0 + 2 <= last), other=-1).to(tl.int32)
-    r3 = tl.load(at + 3, mask=(b0 + 3 >= first) & (b0 + 3 <= last), other=-1).to(tl.int32)
+    r0 = tl.load(at, mask=b0 < NB, other=-1).to(tl.int32)
+    r1 = tl.load(at + 1, mask=b0 + 1 < NB, other=-1).to(tl.int32)
+    r2 = tl.load(at + 2, mask=b0 + 2 < NB, other=-1).to(tl.int32)
+    r3 = tl.load(at + 3, mask=b0 + 3 < NB, other=-1).to(tl.int32)
     return r0, r1, r2, r3
 
 
@@ -344,23 +350,24 @@ def _chunk_rows(block_rows_ptr, s, NB, first, last):
 def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos, klen,
            window, c, D, ilo, ihi, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
            IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-           BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr, ROWS_FIRST: tl.constexpr = False):
+           BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr, ROWS_FIRST: tl.constexpr = 0,
+           rows=None, HAVE_ROWS: tl.constexpr = False):
     """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
     empty state. The fused and the split kernels both call this, with the same bounds.
     INTERIOR (fast pass): the blocks ilo .. ihi that every live row sees whole run without
     the visibility mask (``_block_update``'s MASK False), the rest with it, in the same
     ascending order: the same bits. ROWS_FIRST (with INTERIOR, fast pass, a chunk of four
     blocks): the chunk's block rows read together before its blocks (``_chunk_rows``), so no
-    block waits on a load of its row before its keys' loads can start."""
+    block waits on a load of its row before its keys' loads can start; HAVE_ROWS: the
+    caller read them already (``rows``)."""
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     lsum = tl.zeros((BLOCK_M,), tl.float32)
     o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     any_c = lsum > 0
     if INTERIOR and not SAFE:
-        rows = None
-        if ROWS_FIRST:
+        if ROWS_FIRST and not HAVE_ROWS:
             tl.static_assert(BLOCK == 128)
-            rows = _chunk_rows(block_rows_ptr, s, NB, first, last)
+            rows = _chunk_rows(block_rows_ptr, s, NB, first - first % 4)
         below, lo, hi, above = _segments(first, last, ilo, ihi)
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, below,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
@@ -592,7 +599,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                        CHUNK_BLOCKS: tl.constexpr, INTERIOR: tl.constexpr = False,
                        MERGE_IN: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                       ROWS_FIRST: tl.constexpr = False):
+                       ROWS_FIRST: tl.constexpr = 0):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
     -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
@@ -602,13 +609,28 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
     which it sets back to 0) then merges every partial of the tile in ascending order and
     finishes, as ``_attn_merge_kernel`` does (the same per-element arithmetic: the same
     bits), so a decode step is one launch; a tile none of whose rows has a query is
-    finished empty by its program 0."""
+    finished empty by its program 0. ROWS_FIRST 1: a chunk's block rows read together
+    before its blocks (``_chunk``); 2: on a global layer at the program's start, beside the
+    tile's positions (EARLY; a local layer's as 1). Addresses only: the same bits."""
     tile = tl.program_id(0)
     i = tl.program_id(1)
     kvh = tl.program_id(2)
     slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
-    token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
-        tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
+    # EARLY: on a global layer chunk i of a tile is blocks 4i .. 4i + 3 whatever its
+    # positions (b_lo is 0), so its block rows and the tile's q are read beside the
+    # positions and the key length, not after the key bounds computed from them
+    EARLY: tl.constexpr = (ROWS_FIRST == 2) and INTERIOR and (not LOCAL)
+    rows = None
+    if EARLY:
+        tl.static_assert(BLOCK * CHUNK_BLOCKS == 512)
+        token, g, pos, live, s = _tile_rows(tile_ptr, positions_ptr, G, T, BLOCK_M)
+        klen = tl.load(key_len_ptr + s).to(tl.int32)
+        rows = _chunk_rows(block_rows_ptr, s, NB, i * CHUNK_BLOCKS)
+        q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
+        b_lo, b_hi = _key_blocks(pos, live, window, LOCAL, BLOCK)
+    else:
+        token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
+            tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ch = b_lo // CHUNK_BLOCKS + i
     n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
     if MERGE_IN:
@@ -619,13 +641,15 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                               lse_ptr, tile, 0, NC, Hkv, kvh, token, g, live, Hq, G, D, r, d,
                               INTERPRET, BLOCK_M, BLOCK_D, True, AHEAD)
     if ch <= b_hi // CHUNK_BLOCKS:
-        q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
+        if not EARLY:
+            q, q_off, head, dmask = _load_q(q_ptr, token, g, live, kvh, G, Hq, D, BLOCK_D)
         first = tl.maximum(ch * CHUNK_BLOCKS, b_lo)
         last = tl.minimum(ch * CHUNK_BLOCKS + CHUNK_BLOCKS - 1, b_hi)
         ilo, ihi = _interior(pos, live, klen, window, LOCAL, BLOCK)
         m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
                                    kvh, pos, klen, window, c, D, ilo, ihi, LOCAL, INTERPRET, IEEE,
-                                   False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR, ROWS_FIRST)
+                                   False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR, ROWS_FIRST, rows,
+                                   EARLY)  # fmt: skip
         if _nonfinite(o) != 0:
             m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
                                        Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
