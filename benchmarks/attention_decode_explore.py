@@ -97,14 +97,16 @@ def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
     finally:
         tpkg.gated_attention_kernels = now
     grid = [{"split": split, "block_m": bm, "num_warps": w, "num_stages": st, "interior": inner,
-             "merge_in": mi, "merge_stages": ms, "merge_ahead": ma, "rows_first": rf}
-            for split, bm, w, st, inner, mi, ms, ma, rf in itertools.product(
+             "merge_in": mi, "merge_stages": ms, "merge_ahead": ma, "rows_first": rf,
+             "merge_cols": mc, "merge_warps": mw}
+            for split, bm, w, st, inner, mi, ms, ma, rf, mc, mw in itertools.product(
                 map(int, a.split.split(",")), map(int, a.block_m.split(",")),
                 map(int, a.warps.split(",")), map(int, a.stages.split(",")),
                 map(int, a.interior.split(",")), map(int, a.merge_in.split(",")),
                 map(int, a.merge_stages.split(",")),
                 map(int, a.merge_ahead.split(",")),
-                map(int, a.rows_first.split(",")))]  # fmt: skip
+                map(int, a.rows_first.split(",")), map(int, a.merge_cols.split(",")),
+                map(int, a.merge_warps.split(",")))]  # fmt: skip
     for cfg in ([dict(TRAINING)] if a.before else []) + grid:
         row = dict(B=B, L=L, **cfg)  # (with --before, the first row: the training config)
         try:
@@ -141,6 +143,8 @@ def main() -> None:
     ap.add_argument("--merge-stages", default="1", help="the merge kernel's pipeline stages")
     ap.add_argument("--merge-ahead", default="0", help="the merge reads four chunks, eight ahead")
     ap.add_argument("--rows-first", default="0", help="a chunk's block rows read first")
+    ap.add_argument("--merge-cols", default="32", help="channels a merge program takes")
+    ap.add_argument("--merge-warps", default="2", help="the merge kernel's warps")
     ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
     ap.add_argument("--before", default=None, help="earlier kernels' module: the reference")
     ap.add_argument("--kernel-us", action="store_true", help="GPU time per call by kernel")

@@ -312,6 +312,9 @@ VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead, rows_first
 ]
 
 
+MERGE_CUTS = [(8, 1, 1), (16, 4, 0), (64, 2, 1)]  # split decode's merge: (cols, warps, ahead)
+
+
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
                          ids=["global", "local"])  # fmt: skip
 def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
@@ -320,11 +323,12 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     ``reg_o`` (the running O in registers, not in the attn output between chunks) and
     ``merge_in`` (split decode's merge by each tile's last chunk program) and
     ``merge_ahead`` (the merge reading eight chunks ahead) and ``rows_first`` (a chunk's
-    block rows read together before its blocks), each with
+    block rows read together before its blocks; 2: at the program's start), each with
     the tiles launched in either order (``heavy_first``): packed
     (tiles across sequence and window edges) and left-padded (rows without a query in a
     tile, and tiles without one), with a NaN value and an infinite key: the plain kernels'
-    bits."""
+    bits; so does the split merge cut into programs of 8 to 64 channels, with any warps,
+    reading ahead or not (``MERGE_CUTS``)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     seqs = [list(t) for t in _seqs([700, 260, 9], torch.bfloat16, seed=13)]
     seqs[0][2][200, 1, 3] = float("nan")
@@ -339,6 +343,10 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
             got = _packed(seqs, backend="triton", config=cfg, **kw)
             torch.testing.assert_close(got, base[split], rtol=0, atol=0, equal_nan=True,
                                        msg=str(cfg))  # fmt: skip
+    for cols, warps, ahead in MERGE_CUTS:
+        cfg = {"split": 1, "merge_cols": cols, "merge_warps": warps, "merge_ahead": ahead}
+        got = _packed(seqs, backend="triton", config=cfg, **kw)
+        torch.testing.assert_close(got, base[1], rtol=0, atol=0, equal_nan=True, msg=str(cfg))
     g = torch.Generator().manual_seed(3)
     B, L = 3, 300
     q, gate = (torch.randn(B, L, HQ, D, generator=g).bfloat16() for _ in range(2))

@@ -151,6 +151,11 @@ CONFIG_SPACE = {
     # the key length, not after the key bounds computed from them (one memory wait fewer
     # before the first keys; a local layer's chunk bounds need the positions: as 1)
     "rows_first": (0, 1, 2),
+    # the merge kernel's programs: channels a program merges (of 128; fewer: more programs,
+    # each with less in flight per chunk) and its warps. The merge is per element: how the
+    # tile is cut changes no bit
+    "merge_cols": (8, 16, 32, 64),
+    "merge_warps": (1, 2, 4),
 }
 
 
@@ -194,7 +199,8 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
-            "merge_ahead": -1, "rows_first": 1}  # fmt: skip
+            "merge_ahead": -1, "rows_first": 1, "merge_cols": MERGE_COLS,
+            "merge_warps": 2}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -287,6 +293,8 @@ class ForwardPlan:
     counts: torch.Tensor | None = None  # split, merge_in: arrivals per tile and KV head (0)
     merge_stages: int = 1
     merge_ahead: bool = False
+    merge_cols: int = MERGE_COLS
+    merge_warps: int = 2
     rows_first: int = 0  # split: CONFIG_SPACE's rows_first
 
 
@@ -337,6 +345,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
         plan.merge_stages = int(cfg.get("merge_stages", 1))
+        plan.merge_cols = int(cfg["merge_cols"])
+        plan.merge_warps = int(cfg["merge_warps"])
         ahead = int(cfg["merge_ahead"])  # (-1 from _defaults unless the config says)
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
         plan.rows_first = int(cfg["rows_first"])
@@ -399,9 +409,10 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
                ROWS_FIRST=plan.rows_first, **plan.meta)  # fmt: skip
         if merge_in:
             return
-        rows, cols = min(MERGE_ROWS, plan.meta["BLOCK_M"]), min(MERGE_COLS, plan.meta["BLOCK_D"])
+        rows = min(MERGE_ROWS, plan.meta["BLOCK_M"])
+        cols = min(plan.merge_cols, plan.meta["BLOCK_D"])
         parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
-        meta = {**plan.meta, "num_warps": 2, "num_stages": plan.merge_stages}
+        meta = {**plan.meta, "num_warps": plan.merge_warps, "num_stages": plan.merge_stages}
         launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
                part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
                plan.window, ROWS=rows, COLS=cols, AHEAD=plan.merge_ahead, **meta)  # fmt: skip

@@ -755,14 +755,28 @@ def _merge_four(run_m, run_l, run_o, m4, l4, o4, i, n, r):
 
 
 @triton.jit
+def _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, d,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
+    """Chunks 0 .. 7's partials (``_load_four`` twice): what the read-ahead merge reads
+    before its first merge; n bounds what is read (the tile's chunks, or the grid's)."""
+    ma, la, oa = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 0, n, NC, Hkv, kvh, r, d,
+                            BLOCK_M, BLOCK_D, CG)
+    mb, lb, ob = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 4, n, NC, Hkv, kvh, r, d,
+                            BLOCK_M, BLOCK_D, CG)
+    return ma, la, oa, mb, lb, ob
+
+
+@triton.jit
 def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, d,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-                  COLS: tl.constexpr, CG: tl.constexpr, AHEAD: tl.constexpr = False):
+                  COLS: tl.constexpr, CG: tl.constexpr, AHEAD: tl.constexpr = False,
+                  pre=None, HAVE_PRE: tl.constexpr = False):
     """The tile's n chunk partials (rows r, channels d) merged in ascending order from the
     empty state, four chunks an iteration, all four loads in flight before the first of
     their merges (the merges stay one after another): the chain waits on memory once per
     four. AHEAD: read four chunks a load, eight chunks ahead of the merges (the same merges
-    in the same order): the chain waits on memory once."""
+    in the same order): the chain waits on memory once; HAVE_PRE: the caller read the first
+    eight (``pre``, read before n was known: chunks past n are read but never merged)."""
     run_m = tl.full((ROWS,), float("-inf"), tl.float32)
     run_l = tl.zeros((ROWS,), tl.float32)
     run_o = tl.zeros((ROWS, COLS), tl.float32)
@@ -781,10 +795,11 @@ def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, 
             run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, ok2)
             run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, ok3)
         return run_m, run_l, run_o
-    ma, la, oa = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 0, n, NC, Hkv, kvh, r, d,
-                            BLOCK_M, BLOCK_D, CG)
-    mb, lb, ob = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 4, n, NC, Hkv, kvh, r, d,
-                            BLOCK_M, BLOCK_D, CG)
+    if HAVE_PRE:
+        ma, la, oa, mb, lb, ob = pre
+    else:
+        ma, la, oa, mb, lb, ob = _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC,
+                                              Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
     for i in range(0, n, 4):
         mc, lc, oc = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 8, n, NC, Hkv,
                                 kvh, r, d, BLOCK_M, BLOCK_D, CG)
@@ -825,6 +840,13 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
     n_cols = BLOCK_D // COLS
     r0 = (part // n_cols) * ROWS
     c0 = (part % n_cols) * COLS
+    pre = None
+    if AHEAD:
+        # the first eight chunks' partials depend on the program alone: read beside the
+        # tile's positions (up to the grid's chunks), not after the tile's count from them
+        pre = _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, NC, NC, Hkv, kvh,
+                           r0 + tl.arange(0, ROWS), c0 + tl.arange(0, COLS), BLOCK_M, BLOCK_D,
+                           False)  # fmt: skip
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ntok = tl.load(tile_ptr + tile * 3 + 1)
@@ -841,7 +863,7 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
         n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
         run_m, run_l, run_o = _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC,
                                             Hkv, kvh, r, d, BLOCK_M, BLOCK_D, ROWS, COLS, False,
-                                            AHEAD)
+                                            AHEAD, pre, AHEAD)  # fmt: skip
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token_r, head,
                 live_r, dmask, Hq, INTERPRET, live_r & (r * 0 + c0 == 0))
 
