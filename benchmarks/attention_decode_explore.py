@@ -98,15 +98,15 @@ def shape_rows(B: int, L: int, copy: float, a, payload: dict) -> None:
         tpkg.gated_attention_kernels = now
     grid = [{"split": split, "block_m": bm, "num_warps": w, "num_stages": st, "interior": inner,
              "merge_in": mi, "merge_stages": ms, "merge_ahead": ma, "rows_first": rf,
-             "merge_cols": mc, "merge_warps": mw, "v_parts": vp}
-            for split, bm, w, st, inner, mi, ms, ma, rf, mc, mw, vp in itertools.product(
+             "merge_cols": mc, "merge_warps": mw}
+            for split, bm, w, st, inner, mi, ms, ma, rf, mc, mw in itertools.product(
                 map(int, a.split.split(",")), map(int, a.block_m.split(",")),
                 map(int, a.warps.split(",")), map(int, a.stages.split(",")),
                 map(int, a.interior.split(",")), map(int, a.merge_in.split(",")),
                 map(int, a.merge_stages.split(",")),
                 map(int, a.merge_ahead.split(",")),
                 map(int, a.rows_first.split(",")), map(int, a.merge_cols.split(",")),
-                map(int, a.merge_warps.split(",")), map(int, a.v_parts.split(",")))]  # fmt: skip
+                map(int, a.merge_warps.split(",")))]  # fmt: skip
     for cfg in ([dict(TRAINING)] if a.before else []) + grid:
         row = dict(B=B, L=L, **cfg)  # (with --before, the first row: the training config)
         try:
@@ -145,7 +145,6 @@ def main() -> None:
     ap.add_argument("--rows-first", default="0", help="a chunk's block rows read first")
     ap.add_argument("--merge-cols", default="32", help="channels a merge program takes")
     ap.add_argument("--merge-warps", default="2", help="the merge kernel's warps")
-    ap.add_argument("--v-parts", default="1", help="programs a chunk's value channels take")
     ap.add_argument("--note", default="", help="recorded in the JSON (e.g. the tree run)")
     ap.add_argument("--before", default=None, help="earlier kernels' module: the reference")
     ap.add_argument("--kernel-us", action="store_true", help="GPU time per call by kernel")

@@ -173,7 +173,7 @@ for s in "$@"; do
             stage merge-cuts "${MERGE_LIMIT:-300}" python3 benchmarks/attention_decode_explore.py \
                 --kernel-us --split 1 --block-m 16 --warps 4 --stages=-1 --interior 1 \
                 --merge-ahead="${AHEADS:--1,1}" --rows-first "${ROWS:-1}" \
-                --merge-cols "${COLS:-8,16,32}" --merge-warps "${MWARPS:-1,2}" --v-parts "${VPARTS:-1}" \
+                --merge-cols "${COLS:-8,16,32}" --merge-warps "${MWARPS:-1,2}" \
                 --B "${B:-1,8,64}" --L "${L:-8192,32768}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_merge_cuts_${LABEL}.json" ;;
         decode-ceiling)  # what a Triton chunk program reads: loads, products, softmax, the row sum

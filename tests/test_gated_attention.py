@@ -313,7 +313,6 @@ VARIANTS = [  # (split, interior, flat, reg_o, merge_in, merge_ahead, rows_first
 
 
 MERGE_CUTS = [(8, 1, 1), (16, 4, 0), (64, 2, 1)]  # split decode's merge: (cols, warps, ahead)
-V_CUTS = [(2, 0, 2), (4, 1, 1)]  # split decode's value channels: (v_parts, merge_in, rows_first)
 
 
 @pytest.mark.parametrize("kw", [dict(layer="global"), dict(layer="local", window=300)],
@@ -329,8 +328,7 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
     (tiles across sequence and window edges) and left-padded (rows without a query in a
     tile, and tiles without one), with a NaN value and an infinite key: the plain kernels'
     bits; so does the split merge cut into programs of 8 to 64 channels, with any warps,
-    reading ahead or not (``MERGE_CUTS``), and the split chunks' value channels in two or
-    four programs (``V_CUTS``)."""
+    reading ahead or not (``MERGE_CUTS``)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     seqs = [list(t) for t in _seqs([700, 260, 9], torch.bfloat16, seed=13)]
     seqs[0][2][200, 1, 3] = float("nan")
@@ -347,10 +345,6 @@ def test_interior_blocks_and_the_flat_loop_give_the_same_bits(kw, monkeypatch):
                                        msg=str(cfg))  # fmt: skip
     for cols, warps, ahead in MERGE_CUTS:
         cfg = {"split": 1, "merge_cols": cols, "merge_warps": warps, "merge_ahead": ahead}
-        got = _packed(seqs, backend="triton", config=cfg, **kw)
-        torch.testing.assert_close(got, base[1], rtol=0, atol=0, equal_nan=True, msg=str(cfg))
-    for parts, merge_in, rows_first in V_CUTS:
-        cfg = {"split": 1, "v_parts": parts, "merge_in": merge_in, "rows_first": rows_first}
         got = _packed(seqs, backend="triton", config=cfg, **kw)
         torch.testing.assert_close(got, base[1], rtol=0, atol=0, equal_nan=True, msg=str(cfg))
     g = torch.Generator().manual_seed(3)
@@ -473,23 +467,21 @@ def test_muse_geometry_training_prefill_and_split_decode_on_gpu(kw):
         for a, b in zip(_grads(seqs, cfg, **kw), base, strict=True):
             assert torch.equal(a, b), cfg
     train = attention.packed(q, k, v, gate, torch.tensor([0, L]), backend="triton", **kw)
-    for split, interior, block_m, rows_first, v_parts in (
-            (0, 0, 64, 0, 1), (1, 0, 64, 0, 1), (0, 1, 64, 0, 1), (1, 1, 64, 0, 1),
-            (1, 1, 16, 0, 1), (0, 1, 16, 0, 1), (1, 1, 16, 1, 1), (1, 1, 64, 1, 1),
-            (1, 1, 16, 2, 1), (1, 1, 64, 2, 1), (1, 1, 16, 2, 2), (1, 1, 16, 1, 4)):
+    for split, interior, block_m, rows_first in ((0, 0, 64, 0), (1, 0, 64, 0), (0, 1, 64, 0),
+                                                 (1, 1, 64, 0), (1, 1, 16, 0), (0, 1, 16, 0),
+                                                 (1, 1, 16, 1), (1, 1, 64, 1), (1, 1, 16, 2),
+                                                 (1, 1, 64, 2)):
         cache = attention.PagedKVCache(kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                                        device="cuda", sequences=1, backend="triton",
                                        config={"split": split, "interior": interior,
-                                               "block_m": block_m, "rows_first": rows_first,
-                                               "v_parts": v_parts},
+                                               "block_m": block_m, "rows_first": rows_first},
                                        **kw)  # fmt: skip
         a = 0
         for n in (1, 127, 641, 2047, 179, 1, 1, 1, 1, 1):
             r = slice(a, a + n)
             out = cache.step(torch.zeros(n, dtype=torch.long), torch.arange(a, a + n), q[r],
                              k[r], v[r], gate[r])  # fmt: skip
-            assert torch.equal(out, train[r]), (split, interior, block_m, rows_first, v_parts,
-                                                a, n)  # fmt: skip
+            assert torch.equal(out, train[r]), (split, interior, block_m, rows_first, a, n)
             a += n
 
 

@@ -156,10 +156,6 @@ CONFIG_SPACE = {
     # tile is cut changes no bit
     "merge_cols": (8, 16, 32, 64),
     "merge_warps": (1, 2, 4),
-    # split decode: a chunk's value channels in this many programs, each with the whole
-    # head's scores (the same m and l) and its channels of o (same bits; fewer bytes a
-    # program where few programs run). 0: 2 where the programs fit in one wave of one an SM
-    "v_parts": (0, 1, 2, 4),
 }
 
 
@@ -204,7 +200,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
             "merge_ahead": -1, "rows_first": 1, "merge_cols": MERGE_COLS,
-            "merge_warps": 2, "v_parts": 1}  # fmt: skip
+            "merge_warps": 2}  # fmt: skip
 
 
 def _one_token_a_sequence(T: int | None, S: int | None) -> bool:
@@ -299,7 +295,6 @@ class ForwardPlan:
     merge_ahead: bool = False
     merge_cols: int = MERGE_COLS
     merge_warps: int = 2
-    v_parts: int = 1
     rows_first: int = 0  # split: CONFIG_SPACE's rows_first
 
 
@@ -352,15 +347,13 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         plan.merge_stages = int(cfg.get("merge_stages", 1))
         plan.merge_cols = int(cfg["merge_cols"])
         plan.merge_warps = int(cfg["merge_warps"])
-        plan.v_parts = int(cfg["v_parts"]) or (2 if 0 < 2 * programs <= _sms(q.device) else 1)
         ahead = int(cfg["merge_ahead"])  # (-1 from _defaults unless the config says)
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
         plan.rows_first = int(cfg["rows_first"])
         if cfg.get("merge_in"):  # each call leaves them 0 again (the last arrival resets)
             plan.counts = torch.zeros(table.shape[0] * Hkv, dtype=torch.int32, device=q.device)
     if int(cfg["num_stages"]) < 0:  # decode's default
-        plan.meta["num_stages"] = decode_stages(programs * (plan.v_parts if plan.split else 1),
-                                                plan.rows_first, _sms(q.device))  # fmt: skip
+        plan.meta["num_stages"] = decode_stages(programs, plan.rows_first, _sms(q.device))
     return plan
 
 
@@ -409,12 +402,11 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
         part_m, part_l, part_o = plan.partials
         merge_in = plan.counts is not None
         counts = plan.counts if merge_in else key_len  # (not read without MERGE_IN)
-        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv * plan.v_parts), q, k, v,
-               positions, block_rows, key_len, plan.table, part_m, part_l, part_o, gate, out,
-               attn, lse, counts, T, N, Hq, Hkv, G, D, NB, plan.n_chunks, plan.window, plan.c,
-               IEEE=ieee,
+        launch(kk._attn_chunk_kernel, (n, plan.n_chunks, Hkv), q, k, v, positions, block_rows,
+               key_len, plan.table, part_m, part_l, part_o, gate, out, attn, lse, counts, T, N,
+               Hq, Hkv, G, D, NB, plan.n_chunks, plan.window, plan.c, IEEE=ieee,
                INTERIOR=plan.interior, MERGE_IN=merge_in, AHEAD=plan.merge_ahead,
-               ROWS_FIRST=plan.rows_first, V_PARTS=plan.v_parts, **plan.meta)  # fmt: skip
+               ROWS_FIRST=plan.rows_first, **plan.meta)  # fmt: skip
         if merge_in:
             return
         rows = min(MERGE_ROWS, plan.meta["BLOCK_M"])

@@ -152,35 +152,29 @@ def _visible(jpos, pos, klen, window, LOCAL: tl.constexpr):
 def _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen, window, c, m, lsum, o,
                   D, LOCAL: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr,
                   SAFE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                  MASK: tl.constexpr = True, vcol=0, BLOCK_DV: tl.constexpr = 0):
+                  MASK: tl.constexpr = True):
     """One key block's online-softmax step for every row of the tile. SAFE: values a row
     doesn't see are kept out of its product (needed only where a value is non-finite: the
     fast pass leaves a non-finite accumulator, which flags the tile for the SAFE pass; with
     finite values both passes compute the same products). MASK False (fast pass only): a
     block every live row of the tile sees whole (``_interior``), where the visibility mask
     selects every score and "saw a key" is true: the same operations on the same values
-    without building the mask (rows past the tile's tokens compute what is never stored).
-    BLOCK_DV (0: BLOCK_D): o holds value channels vcol .. vcol + BLOCK_DV only; the scores,
-    m and l are the whole head's, and each channel of o the same products as in a whole o."""
-    DV: tl.constexpr = BLOCK_D if BLOCK_DV == 0 else BLOCK_DV
+    without building the mask (rows past the tile's tokens compute what is never stored)."""
     j = tl.arange(0, BLOCK)
     d = tl.arange(0, BLOCK_D)
-    dv = vcol + tl.arange(0, DV)
     jpos = b * BLOCK + j
     krow = rowb + j
     kmask = (jpos < klen) & (krow < N) & (krow >= j)  # krow >= j: the block is present
     # the block's rows are consecutive: a 64-bit scalar base and 32-bit offsets within it
     base = (tl.maximum(rowb, 0).to(tl.int64) * Hkv + kvh) * D
     kv_off = j[:, None] * (Hkv * D) + d[None, :]
-    v_off = j[:, None] * (Hkv * D) + dv[None, :]
     dmask = d[None, :] < D
-    vmask = dv[None, :] < D
     if MASK:
         kt = tl.load(k_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
-        vt = tl.load(v_ptr + base + v_off, mask=kmask[:, None] & vmask, other=0.0)
+        vt = tl.load(v_ptr + base + kv_off, mask=kmask[:, None] & dmask, other=0.0)
     else:
         kt = tl.load(k_ptr + base + kv_off)
-        vt = tl.load(v_ptr + base + v_off)
+        vt = tl.load(v_ptr + base + kv_off)
     qk = _mm_nt(q, kt, INTERPRET, IEEE)
     if MASK:
         vis = _visible(jpos, pos, klen, window, LOCAL)
@@ -313,8 +307,7 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
                   window, c, m, lsum, o, any_c, D, LOCAL: tl.constexpr,
                   INTERPRET: tl.constexpr, IEEE: tl.constexpr, SAFE: tl.constexpr,
                   BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr,
-                  rows=None, ROWS_FIRST: tl.constexpr = False, vcol=0,
-                  BLOCK_DV: tl.constexpr = 0):
+                  rows=None, ROWS_FIRST: tl.constexpr = False):
     """Blocks first .. last of a chunk onto (m, l, o, any), ascending. ROWS_FIRST: each
     block's row from ``rows`` (``_chunk_rows``), not a load of its own."""
     if SAFE:
@@ -324,7 +317,7 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
             rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
             m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
                                             window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
-                                            SAFE, BLOCK, BLOCK_D, True, vcol, BLOCK_DV)
+                                            SAFE, BLOCK, BLOCK_D)
             any_c = any_c | upd
     else:
         for b in range(first, last + 1):
@@ -336,7 +329,7 @@ def _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, k
                 rowb = tl.load(block_rows_ptr + s * NB + b).to(tl.int32)
             m, lsum, o, upd = _block_update(q, k_ptr, v_ptr, rowb, b, N, Hkv, kvh, pos, klen,
                                             window, c, m, lsum, o, D, LOCAL, INTERPRET, IEEE,
-                                            SAFE, BLOCK, BLOCK_D, MASK, vcol, BLOCK_DV)
+                                            SAFE, BLOCK, BLOCK_D, MASK)
     return m, lsum, o, any_c
 
 
@@ -358,7 +351,7 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
            window, c, D, ilo, ihi, LOCAL: tl.constexpr, INTERPRET: tl.constexpr,
            IEEE: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
            BLOCK_D: tl.constexpr, INTERIOR: tl.constexpr, ROWS_FIRST: tl.constexpr = 0,
-           rows=None, HAVE_ROWS: tl.constexpr = False, vcol=0, BLOCK_DV: tl.constexpr = 0):
+           rows=None, HAVE_ROWS: tl.constexpr = False):
     """One chunk's partial (m, l, o, any row saw a key): blocks first .. last, from the
     empty state. The fused and the split kernels both call this, with the same bounds.
     INTERIOR (fast pass): the blocks ilo .. ihi that every live row sees whole run without
@@ -366,12 +359,10 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
     ascending order: the same bits. ROWS_FIRST (with INTERIOR, fast pass, a chunk of four
     blocks): the chunk's block rows read together before its blocks (``_chunk_rows``), so no
     block waits on a load of its row before its keys' loads can start; HAVE_ROWS: the
-    caller read them already (``rows``). BLOCK_DV: o of value channels vcol .. vcol + BLOCK_DV
-    (``_block_update``)."""
-    DV: tl.constexpr = BLOCK_D if BLOCK_DV == 0 else BLOCK_DV
+    caller read them already (``rows``)."""
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     lsum = tl.zeros((BLOCK_M,), tl.float32)
-    o = tl.zeros((BLOCK_M, DV), tl.float32)
+    o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     any_c = lsum > 0
     if INTERIOR and not SAFE:
         if ROWS_FIRST and not HAVE_ROWS:
@@ -381,20 +372,19 @@ def _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv, kvh, pos
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, below,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
                                           D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
-                                          rows, ROWS_FIRST, vcol, BLOCK_DV)  # fmt: skip
+                                          rows, ROWS_FIRST)  # fmt: skip
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, lo, hi, N,
                                           Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c, D,
                                           LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, False,
-                                          rows, ROWS_FIRST, vcol, BLOCK_DV)  # fmt: skip
+                                          rows, ROWS_FIRST)  # fmt: skip
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, above, last,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
                                           D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
-                                          rows, ROWS_FIRST, vcol, BLOCK_DV)  # fmt: skip
+                                          rows, ROWS_FIRST)  # fmt: skip
     else:
         m, lsum, o, any_c = _chunk_blocks(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last,
                                           N, Hkv, kvh, pos, klen, window, c, m, lsum, o, any_c,
-                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True,
-                                          None, False, vcol, BLOCK_DV)  # fmt: skip
+                                          D, LOCAL, INTERPRET, IEEE, SAFE, BLOCK, BLOCK_D, True)
     if not SAFE:
         # a row saw a key iff its max is finite: a row whose visible scores are all -inf or
         # NaN has a NaN accumulator here, which sends the tile to the SAFE pass
@@ -609,7 +599,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                        CHUNK_BLOCKS: tl.constexpr, INTERIOR: tl.constexpr = False,
                        MERGE_IN: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                       ROWS_FIRST: tl.constexpr = 0, V_PARTS: tl.constexpr = 1):
+                       ROWS_FIRST: tl.constexpr = 0):
     """Split decode, part 1: program (tile, i, kv head) computes the tile's i-th chunk's
     partial (the fused kernel's, from the same ``_chunk``) into the workspace, l stored as
     -1 for a row that saw no key of the chunk (a real l is >= 0 or NaN, never -1). The fast
@@ -621,16 +611,10 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
     bits), so a decode step is one launch; a tile none of whose rows has a query is
     finished empty by its program 0. ROWS_FIRST 1: a chunk's block rows read together
     before its blocks (``_chunk``); 2: on a global layer at the program's start, beside the
-    tile's positions (EARLY; a local layer's as 1). Addresses only: the same bits.
-    V_PARTS: the chunk's value channels in V_PARTS programs (grid axis 2: kv head * V_PARTS
-    + part), each with the whole head's scores (the same m and l, stored by part 0) and its
-    channels of o: each channel the same products as in one program, so the same bits, with
-    fewer bytes a program to read where few programs run."""
+    tile's positions (EARLY; a local layer's as 1). Addresses only: the same bits."""
     tile = tl.program_id(0)
     i = tl.program_id(1)
-    kvh = tl.program_id(2) // V_PARTS
-    DV: tl.constexpr = BLOCK_D // V_PARTS
-    vcol = (tl.program_id(2) % V_PARTS) * DV
+    kvh = tl.program_id(2)
     slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
     # EARLY: on a global layer chunk i of a tile is blocks 4i .. 4i + 3 whatever its
     # positions (b_lo is 0), so its block rows and the tile's q are read beside the
@@ -665,28 +649,25 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, block_rows_ptr, key_l
         m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N, Hkv,
                                    kvh, pos, klen, window, c, D, ilo, ihi, LOCAL, INTERPRET, IEEE,
                                    False, BLOCK_M, BLOCK, BLOCK_D, INTERIOR, ROWS_FIRST, rows,
-                                   EARLY, vcol, DV)  # fmt: skip
+                                   EARLY)  # fmt: skip
         if _nonfinite(o) != 0:
             m, lsum, o, any_c = _chunk(q, k_ptr, v_ptr, block_rows_ptr, s, NB, first, last, N,
                                        Hkv, kvh, pos, klen, window, c, D, ilo, ihi, LOCAL,
-                                       INTERPRET, IEEE, True, BLOCK_M, BLOCK, BLOCK_D, INTERIOR,
-                                       0, None, False, vcol, DV)  # fmt: skip
+                                       INTERPRET, IEEE, True, BLOCK_M, BLOCK, BLOCK_D, INTERIOR)
         r = tl.arange(0, BLOCK_M)
-        first_part = (r * 0 + vcol) == 0
-        tl.store(part_m_ptr + slot * BLOCK_M + r, m, mask=first_part)
-        tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0), mask=first_part)
-        dv = vcol + tl.arange(0, DV)
-        tl.store(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + dv[None, :], o)
+        d = tl.arange(0, BLOCK_D)
+        tl.store(part_m_ptr + slot * BLOCK_M + r, m)
+        tl.store(part_l_ptr + slot * BLOCK_M + r, tl.where(any_c, lsum, -1.0))
+        tl.store(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], o)
         if MERGE_IN:
             # every thread's stores issued, then one release/acquire count at GPU scope: the
             # last to arrive sees every partial of the tile
             tl.debug_barrier()
             counter = count_ptr + tile * Hkv + kvh
             arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == n * V_PARTS - 1:
+            if arrived == n - 1:
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # for the next call
                 tl.debug_barrier()
-                d = tl.arange(0, BLOCK_D)
                 _merge_and_finish(part_m_ptr, part_l_ptr, part_o_ptr, gate_ptr, out_ptr,
                                   attn_ptr, lse_ptr, tile, n, NC, Hkv, kvh, token, g, live, Hq,
                                   G, D, r, d, INTERPRET, BLOCK_M, BLOCK_D, True, AHEAD)
