@@ -701,19 +701,36 @@ def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, 
 
 
 @triton.jit
+def _row_partial(part_ptr, tile, c, n, NC, Hkv, kvh, r, other, BLOCK_M: tl.constexpr,
+                 CG: tl.constexpr):
+    """Chunk c's per-row partial (m or l) of rows r; ``other`` past the tile's last chunk."""
+    slot = (tile.to(tl.int64) * NC + c) * Hkv + kvh
+    cm: tl.constexpr = ".cg" if CG else ""
+    return tl.load(part_ptr + slot * BLOCK_M + r, mask=(r * 0 + c) < n, other=other,
+                   cache_modifier=cm)  # fmt: skip
+
+
+@triton.jit
 def _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
-    """Chunks i .. i + 3's partials of rows r, channels d as one load each of m [4, rows],
-    l [4, rows] and o [4, rows, channels]; past the tile's last chunk (i >= n) nothing is
-    read: m -inf, l -1 (no key seen), o 0. CG: past the SM's L1 (other programs of the same
-    launch wrote them)."""
+    """Chunks i .. i + 3's partials of rows r, channels d: m and l as four loads of [rows]
+    each (in the rows' own layout: no conversion before their merges), o as one load of
+    [4, rows, channels]; past the tile's last chunk (i >= n) nothing is read: m -inf,
+    l -1 (no key seen), o 0. CG: past the SM's L1 (other programs of the same launch wrote
+    them)."""
     c4 = i + tl.arange(0, 4)
     slot = (tile.to(tl.int64) * NC + c4) * Hkv + kvh
     row = slot[:, None] * BLOCK_M + r[None, :]
     ok = c4[:, None] < n
     cm: tl.constexpr = ".cg" if CG else ""
-    m = tl.load(part_m_ptr + row, mask=ok, other=float("-inf"), cache_modifier=cm)
-    lraw = tl.load(part_l_ptr + row, mask=ok, other=-1.0, cache_modifier=cm)
+    m = (_row_partial(part_m_ptr, tile, i, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG),
+         _row_partial(part_m_ptr, tile, i + 1, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG),
+         _row_partial(part_m_ptr, tile, i + 2, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG),
+         _row_partial(part_m_ptr, tile, i + 3, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG))
+    lraw = (_row_partial(part_l_ptr, tile, i, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG),
+            _row_partial(part_l_ptr, tile, i + 1, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG),
+            _row_partial(part_l_ptr, tile, i + 2, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG),
+            _row_partial(part_l_ptr, tile, i + 3, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG))
     o = tl.load(part_o_ptr + row[:, :, None] * BLOCK_D + d[None, None, :], mask=ok[:, :, None],
                 other=0.0, cache_modifier=cm)  # fmt: skip
     return m, lraw, o
@@ -729,12 +746,6 @@ def _split4(y):
 
 
 @triton.jit
-def _rows4(x):
-    """x [4, rows] -> x[0], x[1], x[2], x[3] (exact: data moves only)."""
-    return _split4(tl.reshape(tl.permute(x, (1, 0)), [x.shape[1], 2, 2]))
-
-
-@triton.jit
 def _tiles4(x):
     """x [4, rows, channels] -> x[0], x[1], x[2], x[3] (exact: data moves only)."""
     return _split4(tl.reshape(tl.permute(x, (1, 2, 0)), [x.shape[1], x.shape[2], 2, 2]))
@@ -744,8 +755,8 @@ def _tiles4(x):
 def _merge_four(run_m, run_l, run_o, m4, l4, o4, i, n, r):
     """Chunks i .. i + 3 (loaded by ``_load_four``) onto the running state, one after
     another, ascending (``_merge_loaded``; one past the tile's last leaves it as it is)."""
-    m0, m1, m2, m3 = _rows4(m4)
-    l0, l1, l2, l3 = _rows4(l4)
+    m0, m1, m2, m3 = m4
+    l0, l1, l2, l3 = l4
     o0, o1, o2, o3 = _tiles4(o4)
     run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, (r * 0 + i) < n)
     run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, (r * 0 + i + 1) < n)
