@@ -685,6 +685,16 @@ def _merge_loaded(run_m, run_l, run_o, m, lraw, o, ok):
 
 
 @triton.jit
+def _row_partial(part_ptr, tile, c, n, NC, Hkv, kvh, r, other, BLOCK_M: tl.constexpr,
+                 CG: tl.constexpr):
+    """Chunk c's per-row partial (m or l) of rows r; ``other`` past the tile's last chunk."""
+    slot = (tile.to(tl.int64) * NC + c) * Hkv + kvh
+    cm: tl.constexpr = ".cg" if CG else ""
+    return tl.load(part_ptr + slot * BLOCK_M + r, mask=(r * 0 + c) < n, other=other,
+                   cache_modifier=cm)  # fmt: skip
+
+
+@triton.jit
 def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
     """Chunk i's partial (m, l, o, any row saw a key) of ``_attn_chunk_kernel`` for rows r,
@@ -693,21 +703,11 @@ def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, 
     slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
     ok = (r * 0 + i) < n  # per row: the interpreter masks with tensors only
     cm: tl.constexpr = ".cg" if CG else ""
-    m = tl.load(part_m_ptr + slot * BLOCK_M + r, mask=ok, other=float("-inf"), cache_modifier=cm)
-    lraw = tl.load(part_l_ptr + slot * BLOCK_M + r, mask=ok, other=-1.0, cache_modifier=cm)
+    m = _row_partial(part_m_ptr, tile, i, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG)
+    lraw = _row_partial(part_l_ptr, tile, i, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG)
     o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :],
                 mask=ok[:, None], other=0.0, cache_modifier=cm)  # fmt: skip
     return m, lraw, o, ok
-
-
-@triton.jit
-def _row_partial(part_ptr, tile, c, n, NC, Hkv, kvh, r, other, BLOCK_M: tl.constexpr,
-                 CG: tl.constexpr):
-    """Chunk c's per-row partial (m or l) of rows r; ``other`` past the tile's last chunk."""
-    slot = (tile.to(tl.int64) * NC + c) * Hkv + kvh
-    cm: tl.constexpr = ".cg" if CG else ""
-    return tl.load(part_ptr + slot * BLOCK_M + r, mask=(r * 0 + c) < n, other=other,
-                   cache_modifier=cm)  # fmt: skip
 
 
 @triton.jit
@@ -851,24 +851,23 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
     n_cols = BLOCK_D // COLS
     r0 = (part // n_cols) * ROWS
     c0 = (part % n_cols) * COLS
+    r = r0 + tl.arange(0, ROWS)
+    d = c0 + tl.arange(0, COLS)
     pre = None
     if AHEAD:
         # the first eight chunks' partials depend on the program alone: read beside the
         # tile's positions (up to the grid's chunks), not after the tile's count from them
-        pre = _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, NC, NC, Hkv, kvh,
-                           r0 + tl.arange(0, ROWS), c0 + tl.arange(0, COLS), BLOCK_M, BLOCK_D,
-                           False)  # fmt: skip
+        pre = _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, NC, NC, Hkv, kvh, r, d,
+                           BLOCK_M, BLOCK_D, False)
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ntok = tl.load(tile_ptr + tile * 3 + 1)
     if r0 < ntok * G:
         row0 = tl.load(tile_ptr + tile * 3)
-        r = r0 + tl.arange(0, ROWS)
         tok_r = r // G
         live_r = tok_r < ntok
         token_r = row0 + tok_r
         head = kvh * G + r % G
-        d = c0 + tl.arange(0, COLS)
         dmask = d[None, :] < D
         q_off = (token_r.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
         n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
