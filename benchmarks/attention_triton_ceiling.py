@@ -14,6 +14,9 @@ The ladder (each rung one change):
   fused kernel); 2: the running O in registers (two accumulators); 3: as 2 in one flat loop,
   the merge under a branch at each chunk's end.
 - ``desc``: K and V loaded through tensor descriptors (TMA) instead of pointers.
+- ``arith`` (a block's update as the contract writes it, from opcontract's device functions):
+  1 the score a rounded product (``_mul_rn``), 2 the row sum in the contract's fixed order
+  (``_block_sum``), 3 both.
 
 Merge rungs 1-3 compute the same operations in the same order, so their outputs are compared
 with ``torch.equal``; every rung is compared with SDPA by the relative error.
@@ -32,18 +35,26 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from opcontract.backends.triton.gated_attention_kernels import _block_sum, _mul_rn  # noqa: E402
+
 HQ, HKV, D = 32, 2, 128
 
 
 @triton.jit
-def _update(q, k, v, s_pos, j, m, lsum, o, c, MASKED: tl.constexpr):
-    s = tl.dot(q, tl.trans(k)) * c
+def _update(q, k, v, s_pos, j, m, lsum, o, c, MASKED: tl.constexpr, ARITH: tl.constexpr = 0):
+    if ARITH % 2 == 1:
+        s = _mul_rn(tl.dot(q, tl.trans(k)), c, False)
+    else:
+        s = tl.dot(q, tl.trans(k)) * c
     if MASKED:
         s = tl.where(j[None, :] <= s_pos[:, None], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     a = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
-    lsum = lsum * a + tl.sum(p, axis=1)
+    if ARITH >= 2:
+        lsum = lsum * a + _block_sum(p, 128, False)
+    else:
+        lsum = lsum * a + tl.sum(p, axis=1)
     o = o * a[:, None]
     o = tl.dot(p.to(v.dtype), v, o)
     return m_new, lsum, o
@@ -75,11 +86,11 @@ def _load_kv(k_ptr, v_ptr, kd, vd, b, kvh, Hkv: tl.constexpr, D: tl.constexpr,
 @triton.jit
 def _blocks(q, k_ptr, v_ptr, kd, vd, pos, lo, hi, kvh, m, lsum, o, c, Hkv: tl.constexpr,
             D: tl.constexpr, BLOCK_N: tl.constexpr, DESC: tl.constexpr, MASKED: tl.constexpr,
-            STAGES: tl.constexpr, rows_ptr=None):
+            STAGES: tl.constexpr, rows_ptr=None, ARITH: tl.constexpr = 0):
     for b in tl.range(lo, hi, num_stages=STAGES):
         k, v = _load_kv(k_ptr, v_ptr, kd, vd, b, kvh, Hkv, D, BLOCK_N, DESC, rows_ptr)
         j = b * BLOCK_N + tl.arange(0, BLOCK_N)
-        m, lsum, o = _update(q, k, v, pos, j, m, lsum, o, c, MASKED)
+        m, lsum, o = _update(q, k, v, pos, j, m, lsum, o, c, MASKED, ARITH)
     return m, lsum, o
 
 
@@ -95,7 +106,8 @@ def _merge(M, Lr, run_o, m, lsum, o):
 def _ceiling_fwd(q_ptr, k_ptr, v_ptr, out_ptr, buf_ptr, rows_ptr, L, c, Hq: tl.constexpr,
                  Hkv: tl.constexpr, D: tl.constexpr, PACK: tl.constexpr, MERGE: tl.constexpr,
                  CB: tl.constexpr, DESC: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, STAGES: tl.constexpr, INDIRECT: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, STAGES: tl.constexpr, INDIRECT: tl.constexpr = False,
+                 ARITH: tl.constexpr = 0):
     G: tl.constexpr = Hq // Hkv
     pid = tl.program_id(0)
     hid = tl.program_id(1)
@@ -172,11 +184,11 @@ def _ceiling_fwd(q_ptr, k_ptr, v_ptr, out_ptr, buf_ptr, rows_ptr, L, c, Hq: tl.c
             if INDIRECT:
                 m, lsum, o = _blocks(q, k_ptr, v_ptr, kd, vd, tok, first,
                                      tl.minimum(last, n_full), kvh, m, lsum, o, c, Hkv, D,
-                                     BLOCK_N, DESC, False, STAGES, rows_ptr)
+                                     BLOCK_N, DESC, False, STAGES, rows_ptr, ARITH)
             else:
                 m, lsum, o = _blocks(q, k_ptr, v_ptr, kd, vd, tok, first,
                                      tl.minimum(last, n_full), kvh, m, lsum, o, c, Hkv, D,
-                                     BLOCK_N, DESC, False, STAGES)
+                                     BLOCK_N, DESC, False, STAGES, None, ARITH)
             m, lsum, o = _blocks(q, k_ptr, v_ptr, kd, vd, tok, tl.maximum(first, n_full), last,
                                  kvh, m, lsum, o, c, Hkv, D, BLOCK_N, DESC, True, 1)
             if MERGE == 1:
@@ -193,7 +205,8 @@ def _ceiling_fwd(q_ptr, k_ptr, v_ptr, out_ptr, buf_ptr, rows_ptr, L, c, Hq: tl.c
     tl.store(out_ptr + q_off, out.to(out_ptr.dtype.element_ty))
 
 
-def ceiling(q, k, v, buf, pack, merge, cb, desc, block_m, block_n, warps, stages, indirect=0):
+def ceiling(q, k, v, buf, pack, merge, cb, desc, block_m, block_n, warps, stages, indirect=0,
+            arith=0):
     L = q.shape[0]
     rows = torch.arange(0, L, block_n, dtype=torch.int32, device=q.device)
     out = torch.empty_like(q)
@@ -204,13 +217,13 @@ def ceiling(q, k, v, buf, pack, merge, cb, desc, block_m, block_n, warps, stages
     else:
         grid = (L // block_m, HQ)
     _ceiling_fwd[grid](q, k, v, out, buf, rows, L, c, HQ, HKV, D, pack, merge, cb, desc,
-                       block_m, block_n, stages, bool(indirect), num_warps=warps,
+                       block_m, block_n, stages, bool(indirect), arith, num_warps=warps,
                        num_stages=stages)
     return out
 
 
 LADDER = [
-    # (name, pack, merge, cb, desc, block_m, block_n, warps, stages[, indirect])
+    # (name, pack, merge, cb, desc, block_m, block_n, warps, stages[, indirect[, arith]])
     ("textbook/head", 0, 0, 4, 0, 128, 128, 8, 2),
     ("textbook/head", 0, 0, 4, 0, 128, 64, 8, 3),
     ("textbook/head", 0, 0, 4, 0, 128, 64, 4, 3),
@@ -231,6 +244,10 @@ LADDER = [
     ("merge_reg/gqa/indirect", 1, 2, 4, 0, 128, 128, 8, 2, 1),
     ("merge_reg/gqa/indirect", 1, 2, 4, 0, 128, 128, 8, 3, 1),
     ("merge_flat/gqa/desc/cb16", 1, 3, 16, 1, 128, 128, 8, 2),
+    ("merge_reg/gqa/mul_rn", 1, 2, 4, 0, 128, 128, 8, 2, 0, 1),
+    ("merge_reg/gqa/row_sum", 1, 2, 4, 0, 128, 128, 8, 2, 0, 2),
+    ("merge_reg/gqa/contract_arith", 1, 2, 4, 0, 128, 128, 8, 2, 0, 3),
+    ("merge_reg/gqa/indirect/contract_arith", 1, 2, 4, 0, 128, 128, 8, 2, 1, 3),
 ]
 
 
@@ -291,13 +308,15 @@ def run_length(L: int, a: argparse.Namespace, rows: list, payload: dict) -> None
         if a.only and a.only not in name:
             continue
         cfg = dict(pack=pack, merge=merge, cb=cb, desc=desc, block_m=bm, block_n=bn,
-                   warps=w, stages=st, indirect=ind[0] if ind else 0)
+                   warps=w, stages=st, indirect=ind[0] if ind else 0,
+                   arith=ind[1] if len(ind) > 1 else 0)
         out = record(name, lambda cfg=cfg: ceiling(q, k, v, buf, **cfg), config=cfg)
         if out is not None and merge and bn == 128:
-            if cb in merged:
-                rows[-1]["equal_to_first_merge_rung"] = bool(torch.equal(out, merged[cb]))
+            same = (cb, cfg["arith"])  # rungs of the same chunks and the same arithmetic
+            if same in merged:
+                rows[-1]["equal_to_first_merge_rung"] = bool(torch.equal(out, merged[same]))
             else:
-                merged[cb] = out
+                merged[same] = out
     common.write(a.out, payload)
 
 

@@ -176,6 +176,13 @@ for s in "$@"; do
                 --merge-cols "${COLS:-8,16,32}" --merge-warps "${MWARPS:-1,2}" \
                 --B "${B:-1,8,64}" --L "${L:-8192,32768}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_merge_cuts_${LABEL}.json" ;;
+        forward-ceiling)  # the ladder's chunked kernel with the contract's block arithmetic, and ours
+            stage forward-ceiling "${CEILING_LIMIT:-300}" python3 benchmarks/attention_triton_ceiling.py \
+                --peers 0 --ours 0 --only merge_reg --lengths "${L:-8192,16384}" \
+                --out "$OUT/attention_triton_ceiling_arith_${LABEL}.json"
+            stage forward-kernel 200 python3 benchmarks/attention_kernel_time.py --configs '[{}]' \
+                --lengths "${L:-8192,16384}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/attention_kernel_time_arith_${LABEL}.json" ;;
         decode-ceiling)  # what a Triton chunk program reads: loads, products, softmax, the row sum
             stage decode-ceiling "${CEILING_LIMIT:-240}" python3 benchmarks/attention_decode_ceiling.py \
                 --B "${B:-1,8,64}" --L "${L:-8192}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
