@@ -685,16 +685,6 @@ def _merge_loaded(run_m, run_l, run_o, m, lraw, o, ok):
 
 
 @triton.jit
-def _row_partial(part_ptr, tile, c, n, NC, Hkv, kvh, r, other, BLOCK_M: tl.constexpr,
-                 CG: tl.constexpr):
-    """Chunk c's per-row partial (m or l) of rows r; ``other`` past the tile's last chunk."""
-    slot = (tile.to(tl.int64) * NC + c) * Hkv + kvh
-    cm: tl.constexpr = ".cg" if CG else ""
-    return tl.load(part_ptr + slot * BLOCK_M + r, mask=(r * 0 + c) < n, other=other,
-                   cache_modifier=cm)  # fmt: skip
-
-
-@triton.jit
 def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
     """Chunk i's partial (m, l, o, any row saw a key) of ``_attn_chunk_kernel`` for rows r,
@@ -703,8 +693,8 @@ def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, 
     slot = (tile.to(tl.int64) * NC + i) * Hkv + kvh
     ok = (r * 0 + i) < n  # per row: the interpreter masks with tensors only
     cm: tl.constexpr = ".cg" if CG else ""
-    m = _row_partial(part_m_ptr, tile, i, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG)
-    lraw = _row_partial(part_l_ptr, tile, i, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG)
+    m = tl.load(part_m_ptr + slot * BLOCK_M + r, mask=ok, other=float("-inf"), cache_modifier=cm)
+    lraw = tl.load(part_l_ptr + slot * BLOCK_M + r, mask=ok, other=-1.0, cache_modifier=cm)
     o = tl.load(part_o_ptr + (slot * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :],
                 mask=ok[:, None], other=0.0, cache_modifier=cm)  # fmt: skip
     return m, lraw, o, ok
@@ -713,24 +703,17 @@ def _load_partial(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, 
 @triton.jit
 def _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, i, n, NC, Hkv, kvh, r, d,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
-    """Chunks i .. i + 3's partials of rows r, channels d: m and l as four loads of [rows]
-    each (in the rows' own layout: no conversion before their merges), o as one load of
-    [4, rows, channels]; past the tile's last chunk (i >= n) nothing is read: m -inf,
-    l -1 (no key seen), o 0. CG: past the SM's L1 (other programs of the same launch wrote
-    them)."""
+    """Chunks i .. i + 3's partials of rows r, channels d as one load each of m [4, rows],
+    l [4, rows] and o [4, rows, channels]; past the tile's last chunk (i >= n) nothing is
+    read: m -inf, l -1 (no key seen), o 0. CG: past the SM's L1 (other programs of the same
+    launch wrote them)."""
     c4 = i + tl.arange(0, 4)
     slot = (tile.to(tl.int64) * NC + c4) * Hkv + kvh
     row = slot[:, None] * BLOCK_M + r[None, :]
     ok = c4[:, None] < n
     cm: tl.constexpr = ".cg" if CG else ""
-    m = (_row_partial(part_m_ptr, tile, i, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG),
-         _row_partial(part_m_ptr, tile, i + 1, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG),
-         _row_partial(part_m_ptr, tile, i + 2, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG),
-         _row_partial(part_m_ptr, tile, i + 3, n, NC, Hkv, kvh, r, float("-inf"), BLOCK_M, CG))
-    lraw = (_row_partial(part_l_ptr, tile, i, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG),
-            _row_partial(part_l_ptr, tile, i + 1, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG),
-            _row_partial(part_l_ptr, tile, i + 2, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG),
-            _row_partial(part_l_ptr, tile, i + 3, n, NC, Hkv, kvh, r, -1.0, BLOCK_M, CG))
+    m = tl.load(part_m_ptr + row, mask=ok, other=float("-inf"), cache_modifier=cm)
+    lraw = tl.load(part_l_ptr + row, mask=ok, other=-1.0, cache_modifier=cm)
     o = tl.load(part_o_ptr + row[:, :, None] * BLOCK_D + d[None, None, :], mask=ok[:, :, None],
                 other=0.0, cache_modifier=cm)  # fmt: skip
     return m, lraw, o
@@ -746,6 +729,12 @@ def _split4(y):
 
 
 @triton.jit
+def _rows4(x):
+    """x [4, rows] -> x[0], x[1], x[2], x[3] (exact: data moves only)."""
+    return _split4(tl.reshape(tl.permute(x, (1, 0)), [x.shape[1], 2, 2]))
+
+
+@triton.jit
 def _tiles4(x):
     """x [4, rows, channels] -> x[0], x[1], x[2], x[3] (exact: data moves only)."""
     return _split4(tl.reshape(tl.permute(x, (1, 2, 0)), [x.shape[1], x.shape[2], 2, 2]))
@@ -755,8 +744,8 @@ def _tiles4(x):
 def _merge_four(run_m, run_l, run_o, m4, l4, o4, i, n, r):
     """Chunks i .. i + 3 (loaded by ``_load_four``) onto the running state, one after
     another, ascending (``_merge_loaded``; one past the tile's last leaves it as it is)."""
-    m0, m1, m2, m3 = m4
-    l0, l1, l2, l3 = l4
+    m0, m1, m2, m3 = _rows4(m4)
+    l0, l1, l2, l3 = _rows4(l4)
     o0, o1, o2, o3 = _tiles4(o4)
     run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m0, l0, o0, (r * 0 + i) < n)
     run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m1, l1, o1, (r * 0 + i + 1) < n)
@@ -766,28 +755,14 @@ def _merge_four(run_m, run_l, run_o, m4, l4, o4, i, n, r):
 
 
 @triton.jit
-def _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, d,
-                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
-    """Chunks 0 .. 7's partials (``_load_four`` twice): what the read-ahead merge reads
-    before its first merge; n bounds what is read (the tile's chunks, or the grid's)."""
-    ma, la, oa = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 0, n, NC, Hkv, kvh, r, d,
-                            BLOCK_M, BLOCK_D, CG)
-    mb, lb, ob = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 4, n, NC, Hkv, kvh, r, d,
-                            BLOCK_M, BLOCK_D, CG)
-    return ma, la, oa, mb, lb, ob
-
-
-@triton.jit
 def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, d,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-                  COLS: tl.constexpr, CG: tl.constexpr, AHEAD: tl.constexpr = False,
-                  pre=None, HAVE_PRE: tl.constexpr = False):
+                  COLS: tl.constexpr, CG: tl.constexpr, AHEAD: tl.constexpr = False):
     """The tile's n chunk partials (rows r, channels d) merged in ascending order from the
     empty state, four chunks an iteration, all four loads in flight before the first of
     their merges (the merges stay one after another): the chain waits on memory once per
     four. AHEAD: read four chunks a load, eight chunks ahead of the merges (the same merges
-    in the same order): the chain waits on memory once; HAVE_PRE: the caller read the first
-    eight (``pre``, read before n was known: chunks past n are read but never merged)."""
+    in the same order): the chain waits on memory once."""
     run_m = tl.full((ROWS,), float("-inf"), tl.float32)
     run_l = tl.zeros((ROWS,), tl.float32)
     run_o = tl.zeros((ROWS, COLS), tl.float32)
@@ -806,11 +781,10 @@ def _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC, Hkv, kvh, r, 
             run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m2, l2, o2, ok2)
             run_m, run_l, run_o = _merge_loaded(run_m, run_l, run_o, m3, l3, o3, ok3)
         return run_m, run_l, run_o
-    if HAVE_PRE:
-        ma, la, oa, mb, lb, ob = pre
-    else:
-        ma, la, oa, mb, lb, ob = _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC,
-                                              Hkv, kvh, r, d, BLOCK_M, BLOCK_D, CG)
+    ma, la, oa = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 0, n, NC, Hkv, kvh, r, d,
+                            BLOCK_M, BLOCK_D, CG)
+    mb, lb, ob = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, 4, n, NC, Hkv, kvh, r, d,
+                            BLOCK_M, BLOCK_D, CG)
     for i in range(0, n, 4):
         mc, lc, oc = _load_four(part_m_ptr, part_l_ptr, part_o_ptr, tile, i + 8, n, NC, Hkv,
                                 kvh, r, d, BLOCK_M, BLOCK_D, CG)
@@ -851,29 +825,23 @@ def _attn_merge_kernel(gate_ptr, positions_ptr, key_len_ptr, tile_ptr, part_m_pt
     n_cols = BLOCK_D // COLS
     r0 = (part // n_cols) * ROWS
     c0 = (part % n_cols) * COLS
-    r = r0 + tl.arange(0, ROWS)
-    d = c0 + tl.arange(0, COLS)
-    pre = None
-    if AHEAD:
-        # the first eight chunks' partials depend on the program alone: read beside the
-        # tile's positions (up to the grid's chunks), not after the tile's count from them
-        pre = _first_eight(part_m_ptr, part_l_ptr, part_o_ptr, tile, NC, NC, Hkv, kvh, r, d,
-                           BLOCK_M, BLOCK_D, False)
     token, g, pos, live, s, klen, b_lo, b_hi = _tile_keys(
         tile_ptr, positions_ptr, key_len_ptr, G, T, window, LOCAL, BLOCK_M, BLOCK)
     ntok = tl.load(tile_ptr + tile * 3 + 1)
     if r0 < ntok * G:
         row0 = tl.load(tile_ptr + tile * 3)
+        r = r0 + tl.arange(0, ROWS)
         tok_r = r // G
         live_r = tok_r < ntok
         token_r = row0 + tok_r
         head = kvh * G + r % G
+        d = c0 + tl.arange(0, COLS)
         dmask = d[None, :] < D
         q_off = (token_r.to(tl.int64)[:, None] * Hq + head[:, None]) * D + d[None, :]
         n = b_hi // CHUNK_BLOCKS - b_lo // CHUNK_BLOCKS + 1
         run_m, run_l, run_o = _merge_chunks(part_m_ptr, part_l_ptr, part_o_ptr, tile, n, NC,
                                             Hkv, kvh, r, d, BLOCK_M, BLOCK_D, ROWS, COLS, False,
-                                            AHEAD, pre, AHEAD)  # fmt: skip
+                                            AHEAD)
         _finish(run_m, run_l, run_o, gate_ptr, out_ptr, attn_ptr, lse_ptr, q_off, token_r, head,
                 live_r, dmask, Hq, INTERPRET, live_r & (r * 0 + c0 == 0))
 
