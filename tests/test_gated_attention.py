@@ -724,20 +724,38 @@ def _split_decode_plan(position: int, config=None, layer: str = "global", window
 
 
 @pytest.mark.parametrize("layer, window", [("global", 0), ("local", 2048)])
-def test_merge_ahead_by_default_where_a_tile_spans_more_than_16_chunks(layer, window):
+def test_merge_ahead_by_default_where_a_tile_spans_more_than_8_chunks(layer, window):
     """Default merge_ahead (-1): the split decode's read-ahead merge for a call whose tiles
-    span more than 16 chunks of 512 positions (a global layer's token at position 8192 and
-    beyond), not at 8191 or for a local layer's window of 2048 (5 chunks at most); an
+    span more than 8 chunks of 512 positions (a global layer's token at position 4096 and
+    beyond), not at 4095 or for a local layer's window of 2048 (5 chunks at most); an
     explicit 0 or 1 is kept. Only the plan is built (no kernel runs)."""
 
     def plan(position: int, config=None):
         return _split_decode_plan(position, config, layer, window)
 
-    assert plan(8191).n_chunks == (16 if layer == "global" else 4)
-    assert not plan(8191).merge_ahead
-    assert plan(8192).merge_ahead == (layer == "global")
+    assert plan(4095).n_chunks == (8 if layer == "global" else 4)
+    assert not plan(4095).merge_ahead
+    assert plan(4096).merge_ahead == (layer == "global")
+    assert plan(32767).merge_ahead == (layer == "global")
     assert not plan(8192, {"merge_ahead": 0}).merge_ahead
     assert plan(1000, {"merge_ahead": 1}).merge_ahead  # two chunks
+
+
+def test_merge_cols_by_default_the_fewest_that_keep_four_merge_programs_an_sm():
+    """Default merge_cols (-1): 8, 16 or 32 channels a merge program, the fewest that leave
+    at most four programs an SM (16-row tiles: 128 / cols programs a tile and KV head), else
+    32; off the GPU (no SMs) 32; an explicit value is kept. Only plans are built."""
+    from opcontract.backends.triton import gated_attention as tga
+
+    assert tga.merge_cols(2, 16, 132) == 8  # B = 1: 32 programs
+    assert tga.merge_cols(16, 16, 132) == 8  # B = 8: 256
+    assert tga.merge_cols(64, 16, 132) == 16  # B = 32: 1024 at 8 channels, 512 at 16
+    assert tga.merge_cols(128, 16, 132) == 32  # B = 64: 512 at 32 channels
+    assert tga.merge_cols(512, 16, 132) == 32  # B = 256: more than four an SM at any width
+    assert tga.merge_cols(33, 64, 132) == 32  # 64-row tiles: four row groups a tile
+    assert tga.merge_cols(2, 16, 0) == 32
+    assert _split_decode_plan(8192).merge_cols == 32  # CPU
+    assert _split_decode_plan(8192, {"merge_cols": 8}).merge_cols == 8
 
 
 def test_decode_stages_three_only_where_split_programs_read_rows_first_in_one_wave():

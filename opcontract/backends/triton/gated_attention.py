@@ -17,9 +17,9 @@ from opcontract.backends.triton.launch import launch
 
 BLOCK = ref.BLOCK
 CHUNK_BLOCKS = ref.CHUNK // ref.BLOCK
-AHEAD_FROM_CHUNKS = 16  # merge_ahead -1: the read-ahead merge where a tile spans more chunks
-# the split decode's merge: one program per 16 rows x 32 channels of a tile (a decode token's
-# 16 query heads of a KV group), so a batch of one spreads its merge over 8 programs
+AHEAD_FROM_CHUNKS = 8  # merge_ahead -1: the read-ahead merge where a tile spans more chunks
+# the split decode's merge: one program per 16 rows (a decode token's 16 query heads of a KV
+# group) x merge_cols channels of a tile; merge_cols -1: ``merge_cols`` decides
 MERGE_ROWS, MERGE_COLS = 16, 32
 
 
@@ -137,10 +137,13 @@ CONFIG_SPACE = {
     # changed nothing on the H200 (attention_decode_merge_stages_h200.json)
     "merge_stages": (1, 2, 3),
     # the merge reads four chunks a load, eight chunks ahead of its merges (the same merges in
-    # the same order). Default -1: on where a tile spans more than 16 chunks. On the H200
+    # the same order). Default -1: on where a tile spans more than 8 chunks. On the H200
     # (attention_decode_parts_h200.json) at L = 32768 (64 chunks) the merge took 17.8 / 27.3
     # / 35.1 -> 15.9 / 17.5 / 26.9 us at B = 1 / 8 / 64 (0.250 / 0.586 / 0.869 -> 0.268 /
-    # 0.644 / 0.880 of the copy rate); at L = 8192 (16 chunks) 5.1 -> 5.7 us at B = 1
+    # 0.644 / 0.880 of the copy rate). At L = 8192 (16 chunks) it lost with 32 channels a
+    # program (5.1 -> 5.7 us at B = 1) and wins with the 8 that ``merge_cols`` gives there:
+    # on an H100 5.80 -> 3.27 us at B = 1, 6.02 -> 4.30 at B = 8
+    # (attention_decode_merge_cuts_reverted_h100.json)
     "merge_ahead": (0, 1),
     # split decode: a chunk's block rows read together before its blocks (``_chunk_rows``),
     # not one load a block on the way to its keys (addresses only: the same bits). On by
@@ -149,12 +152,14 @@ CONFIG_SPACE = {
     # third stage gets its second buffer (attention_decode_rows_first_h100.json). 2: on a
     # global layer the rows (and q) read at the program's start, beside the positions and
     # the key length, not after the key bounds computed from them (one memory wait fewer
-    # before the first keys; a local layer's chunk bounds need the positions: as 1)
+    # before the first keys; a local layer's chunk bounds need the positions: as 1). On the
+    # H200 2 gained nothing over 1 (chunk kernel 10.24 against 10.27 us at B = 1, L = 8192,
+    # 23.03 against 22.64 at B = 8; attention_decode_rows_first_h200.json)
     "rows_first": (0, 1, 2),
     # the merge kernel's programs: channels a program merges (of 128; fewer: more programs,
     # each with less in flight per chunk) and its warps. The merge is per element: how the
     # tile is cut changes no bit
-    "merge_cols": (8, 16, 32, 64),
+    "merge_cols": (8, 16, 32, 64),  # -1 (default): ``merge_cols``
     "merge_warps": (1, 2, 4),
 }
 
@@ -199,7 +204,7 @@ def _defaults(T: int | None, S: int | None = None) -> dict:
             # the dk/dv kernel 2.4x faster at L = 8192 global, equal bits)
             "dkv_keys": 64 if T is not None and T >= 1024 else BLOCK,
             "dkv_t": 0, "heavy_first": 0, "merge_in": 0, "merge_stages": 1,
-            "merge_ahead": -1, "rows_first": 1, "merge_cols": MERGE_COLS,
+            "merge_ahead": -1, "rows_first": 1, "merge_cols": -1,
             "merge_warps": 2}  # fmt: skip
 
 
@@ -345,7 +350,9 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         part_o = torch.empty((slots, _pow2(D)), dtype=torch.float32, device=q.device)
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
         plan.merge_stages = int(cfg.get("merge_stages", 1))
-        plan.merge_cols = int(cfg["merge_cols"])
+        cols = int(cfg["merge_cols"])
+        plan.merge_cols = cols if cols > 0 else merge_cols(table.shape[0] * Hkv, block_m,
+                                                           _sms(q.device))  # fmt: skip
         plan.merge_warps = int(cfg["merge_warps"])
         ahead = int(cfg["merge_ahead"])  # (-1 from _defaults unless the config says)
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
@@ -355,6 +362,21 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     if int(cfg["num_stages"]) < 0:  # decode's default
         plan.meta["num_stages"] = decode_stages(programs, plan.rows_first, _sms(q.device))
     return plan
+
+
+def merge_cols(tiles: int, block_m: int, sms: int) -> int:
+    """The split merge's channels a program (merge_cols -1): the fewest of 8, 16, 32 that
+    leave at most four merge programs an SM, else 32. A merge program's time is a chain of
+    loads and merges, so more, narrower programs finish sooner until they queue. On an H100
+    (attention_decode_merge_cuts_reverted_h100.json, 2 warps, every row equal in bits) the
+    merge took 6.69 us with 8 channels against 15.84 with 32 at B = 1, L = 32768 (32 against
+    8 programs; 0.389 -> 0.572 of the copy rate), 12.21 against 16.96 at B = 8, and 3.27 /
+    4.30 against 5.63 / 6.05 at B = 1 / 8, L = 8192; at B = 64 (1024 tiles and KV heads) 32
+    channels stayed fastest (30.97 against 40.28 us at L = 32768)."""
+    for cols in (8, 16, 32):
+        if tiles * max(1, block_m // MERGE_ROWS) * (128 // cols) <= 4 * sms:
+            return cols
+    return MERGE_COLS
 
 
 def decode_stages(programs: int, rows_first: int, sms: int) -> int:
