@@ -183,6 +183,12 @@ for s in "$@"; do
             stage forward-kernel 200 python3 benchmarks/attention_kernel_time.py --configs '[{}]' \
                 --lengths "${L:-8192,16384}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_kernel_time_arith_${LABEL}.json" ;;
+        merge-default)  # split decode at the default merge (merge_cols -1) against 32 channels
+            stage merge-default "${MERGE_LIMIT:-150}" python3 benchmarks/attention_decode_explore.py \
+                --kernel-us --split 1 --block-m 16 --warps 4 --stages=-1 --interior 1 \
+                --merge-ahead=-1 --rows-first 1 --merge-cols=-1,32 --merge-warps 2 \
+                --B "${B:-1,8,64,256}" --L "${L:-8192,32768}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
+                --out "$OUT/attention_decode_merge_default_${LABEL}.json" ;;
         decode-ceiling)  # what a Triton chunk program reads: loads, products, softmax, the row sum
             stage decode-ceiling "${CEILING_LIMIT:-240}" python3 benchmarks/attention_decode_ceiling.py \
                 --B "${B:-1,8,64}" --L "${L:-8192}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
