@@ -6,7 +6,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint docs clean
+.PHONY: demo test cute-check lint docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/contract-lint
 	$(BIN)/python -m pytest -q
+
+cute-check: $(STAMP)  # the CuTe DSL kernels compile for sm_90a (no GPU needed; ~260 MB install)
+	$(BIN)/python -m pip install -q -e ".[cute]"
+	$(BIN)/python -m pytest -q tests/test_cute_compile.py
 
 lint: $(STAMP)
 	$(BIN)/contract-lint

@@ -194,6 +194,22 @@ def _dlpack_args(a, b, c, bias, addend, num_ctas):
     )
 
 
+def compile_kernel(key: tuple, args: tuple | None = None) -> Any:
+    """The kernel of ``key`` (dtype, tile_m, tile_n, group_m, has_bias, overlap, a and b
+    MN-major, output dtype, addend mode) compiled: for TVM FFI's stand-in arguments when
+    ``args`` is None, else for these DLPack arguments. Needs no GPU where CUTE_DSL_ARCH names
+    the target (sm_90a): what the CPU can check of the kernel is that it compiles."""
+    import cutlass.cute as cute
+
+    from opcontract.backends.cute.dense_gemm_kernels import PromotedGemmSm90
+
+    dtype, tile_m, tile_n, group_m, has_bias, overlap, a_mn, b_mn, out, mode = key
+    kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap, mode)
+    if args is None:
+        return cute.compile(kernel, *_fake_args(dtype, a_mn, b_mn, out), options="--enable-tvm-ffi")
+    return cute.compile(kernel, *args)
+
+
 def _launch(key: tuple, a, b, c, bias, addend, num_ctas: int) -> None:
     """Compile once per key (dtype, tiles, group, bias, overlap, a and b MN-major, output
     dtype, addend mode), then launch on the current stream."""
@@ -201,18 +217,7 @@ def _launch(key: tuple, a, b, c, bias, addend, num_ctas: int) -> None:
     args = None if ffi else _dlpack_args(a, b, c, bias, addend, num_ctas)
     fn = _compiled.get(key)
     if fn is None:
-        import cutlass.cute as cute
-
-        from opcontract.backends.cute.dense_gemm_kernels import PromotedGemmSm90
-
-        dtype, tile_m, tile_n, group_m, has_bias, overlap, a_mn, b_mn, out, mode = key
-        kernel = PromotedGemmSm90(tile_m, tile_n, has_bias, group_m, overlap, mode)
-        if ffi:
-            fn = cute.compile(
-                kernel, *_fake_args(dtype, a_mn, b_mn, out), options="--enable-tvm-ffi"
-            )
-        else:
-            fn = cute.compile(kernel, *args)
+        fn = compile_kernel(key, args)
         _compiled[key] = fn
     if ffi:  # DLPack refuses tensors that require grad; the kernel only reads them
         fn(_plain(a), _plain(b), c, _plain(bias), _plain(addend), num_ctas)
