@@ -23,9 +23,13 @@ sys.path.insert(0, str(HERE))
 import common  # noqa: E402
 
 CASES = [  # (kernel, constexprs, num_warps, num_stages): the defaults' launches
-    ("_attn_chunk_kernel", dict(BLOCK_M=64, INTERIOR=True), 4, 1),  # split decode, B >= 8
-    ("_attn_chunk_kernel", dict(BLOCK_M=64, INTERIOR=True), 4, 2),  # split decode, B = 1
-    ("_attn_fwd_kernel", dict(BLOCK_M=128, SAFE=False, INTERIOR=True), 8, 2),  # training
+    # split decode's chunk programs (16-row tiles, block rows first): two stages, three where
+    # they fit one an SM; then its merge (8 and 32 channels, reading ahead)
+    ("_attn_chunk_kernel", dict(BLOCK_M=16, INTERIOR=True, ROWS_FIRST=1), 4, 2),
+    ("_attn_chunk_kernel", dict(BLOCK_M=16, INTERIOR=True, ROWS_FIRST=1), 4, 3),
+    ("_attn_merge_kernel", dict(BLOCK_M=16, ROWS=16, COLS=8, AHEAD=True), 2, 1),
+    ("_attn_merge_kernel", dict(BLOCK_M=16, ROWS=16, COLS=32, AHEAD=True), 2, 1),
+    ("_attn_fwd_kernel", dict(BLOCK_M=128, SAFE=False, INTERIOR=True, REG_O=True), 8, 2),
     ("_attn_fwd_kernel", dict(BLOCK_M=128, SAFE=True, INTERIOR=True), 8, 1),  # its SAFE pass
 ]
 BACKWARD_CASES = [  # the backward's kernels: the defaults from 1024 rows and the options
@@ -54,7 +58,8 @@ for kernel, consts, warps, stages in json.loads(sys.argv[3]):
     use = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
     sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", use.stdout)
-    shown = {n: consts[n] for n in ("BLOCK_M", "INTERIOR", "SAFE", "KEYS", "TRANS")
+    shown = {n: consts[n] for n in ("BLOCK_M", "INTERIOR", "SAFE", "KEYS", "TRANS", "REG_O",
+                                    "ROWS_FIRST", "COLS", "AHEAD")
              if n in consts}
     rows.append(dict(kernel=kernel, constexprs=shown,
                      num_warps=warps, num_stages=stages, registers=int(m.group(1)),

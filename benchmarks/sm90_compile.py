@@ -23,6 +23,10 @@ SIGNATURES = {
     "_attn_fwd_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, gate_ptr=P, **_INDEX, out_ptr=P,
                              attn_ptr=F, lse_ptr=F, go_ptr=I32, redo_ptr=I32, **_SIZES,
                              window="i32", c="fp32"),
+    "_attn_merge_kernel": dict(gate_ptr=P, positions_ptr=I32, key_len_ptr=I32, tile_ptr=I32,
+                               part_m_ptr=F, part_l_ptr=F, part_o_ptr=F, out_ptr=P, attn_ptr=F,
+                               lse_ptr=F, T="i32", Hq="i32", Hkv="i32", G="i32", D="i32",
+                               NC="i32", window="i32"),
     "_attn_bwd_dq_kernel": dict(q_ptr=P, k_ptr=P, v_ptr=P, da_ptr=P, delta_ptr=F, lse_ptr=F,
                                 **_INDEX, dq_ptr=P, **_SIZES, window="i32", c="fp32",
                                 scale="fp32"),
@@ -44,8 +48,10 @@ def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages:
     sig = dict(SIGNATURES[kernel])
     consts = {**BASE, **constexprs}
     for name, p in inspect.signature(fn.fn).parameters.items():
-        if name not in sig:
-            consts.setdefault(name, p.default)
+        if name not in sig and name not in consts:
+            if p.default is inspect.Parameter.empty:
+                raise ValueError(f"{kernel}: constexpr {name} has no default; pass it")
+            consts[name] = p.default
     consts = {n: v for n, v in consts.items() if n in fn.arg_names}  # BASE's the kernel takes
     options = dict(num_warps=num_warps, num_stages=num_stages)
     return _compile(fn, sig, consts, _HINTED_INTS, options), consts
