@@ -22,11 +22,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import common  # noqa: E402
 
-CASES = [  # (kernel, constexprs, num_warps, num_stages): the defaults' launches
+CASES = [  # (kernel, constexprs, num_warps, num_stages[, maxnreg]): the defaults' launches
     # split decode's chunk programs (16-row tiles, block rows first): two stages, three where
     # they fit one an SM; then its merge (8 and 32 channels, reading ahead)
     ("_attn_chunk_kernel", dict(BLOCK_M=16, INTERIOR=True, ROWS_FIRST=1), 4, 2),
     ("_attn_chunk_kernel", dict(BLOCK_M=16, INTERIOR=True, ROWS_FIRST=1), 4, 3),
+    ("_attn_chunk_kernel", dict(BLOCK_M=16, INTERIOR=True, ROWS_FIRST=1), 4, 2, 128),  # capped
     ("_attn_merge_kernel", dict(BLOCK_M=16, ROWS=16, COLS=8, AHEAD=True), 2, 1),
     ("_attn_merge_kernel", dict(BLOCK_M=16, ROWS=16, COLS=32, AHEAD=True), 2, 1),
     ("_attn_fwd_kernel", dict(BLOCK_M=128, SAFE=False, INTERIOR=True, REG_O=True), 8, 2),
@@ -51,8 +52,8 @@ import triton
 from sm90_compile import compile_attention
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 rows = []
-for kernel, consts, warps, stages in json.loads(sys.argv[3]):
-    k, consts = compile_attention(kernel, consts, warps, stages)
+for kernel, consts, warps, stages, *cap in json.loads(sys.argv[3]):
+    k, consts = compile_attention(kernel, consts, warps, stages, *cap)
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
     use = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
@@ -61,7 +62,7 @@ for kernel, consts, warps, stages in json.loads(sys.argv[3]):
     shown = {n: consts[n] for n in ("BLOCK_M", "INTERIOR", "SAFE", "KEYS", "TRANS", "REG_O",
                                     "ROWS_FIRST", "COLS", "AHEAD")
              if n in consts}
-    rows.append(dict(kernel=kernel, constexprs=shown,
+    rows.append(dict(kernel=kernel, constexprs=shown, maxnreg=cap[0] if cap else None,
                      num_warps=warps, num_stages=stages, registers=int(m.group(1)),
                      stack_bytes=int(m.group(2)), STL=len(re.findall(r"\bSTL", sass)),
                      LDL=len(re.findall(r"\bLDL", sass))))

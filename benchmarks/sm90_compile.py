@@ -39,7 +39,8 @@ BASE = dict(LOCAL=False, INTERPRET=False, IEEE=False, BLOCK=128, BLOCK_D=128, CH
 _HINTED_INTS = ("Hq", "G", "D", "window")  # multiples of 16 at Muse Glimmer's geometry
 
 
-def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages: int) -> Any:
+def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages: int,
+                      maxnreg: int | None = None) -> Any:
     """(compiled kernel, every constexpr it was compiled with): ``kernel`` of
     ``gated_attention_kernels`` with BASE's constexprs, ``constexprs`` over them, the rest at
     their defaults."""
@@ -54,6 +55,8 @@ def compile_attention(kernel: str, constexprs: dict, num_warps: int, num_stages:
             consts[name] = p.default
     consts = {n: v for n, v in consts.items() if n in fn.arg_names}  # BASE's the kernel takes
     options = dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg:
+        options["maxnreg"] = maxnreg  # ptxas's register cap (spills what does not fit)
     return _compile(fn, sig, consts, _HINTED_INTS, options), consts
 
 
