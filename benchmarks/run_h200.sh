@@ -189,6 +189,10 @@ for s in "$@"; do
                 --merge-ahead=-1 --rows-first 1 --merge-cols=-1,32 --merge-warps 2 \
                 --B "${B:-1,8,64,256}" --L "${L:-8192,32768}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
                 --out "$OUT/attention_decode_merge_default_${LABEL}.json" ;;
+        cute-loads)  # what a CuTe chunk program streams (TMA, a producer warp): needs the CuTe site
+            stage cute-loads "${CUTE_LOADS_LIMIT:-200}" python3 benchmarks/attention_decode_cute_loads.py \
+                --B "${B:-1,8,64}" --L "${L:-8192,32768}" --stages "${STAGES:-2,3,4}" \
+                --out "$OUT/attention_decode_cute_loads_${LABEL}.json" ;;
         decode-ceiling)  # what a Triton chunk program reads: loads, products, softmax, the row sum
             stage decode-ceiling "${CEILING_LIMIT:-240}" python3 benchmarks/attention_decode_ceiling.py \
                 --B "${B:-1,8,64}" --L "${L:-8192}" --note "tree ${OPCONTRACT_COMMIT:-unknown}" \
