@@ -747,13 +747,13 @@ def test_merge_cols_by_default_the_fewest_that_keep_four_merge_programs_an_sm():
     32; off the GPU (no SMs) 32; an explicit value is kept. Only plans are built."""
     from opcontract.backends.triton import gated_attention as tga
 
-    assert tga.merge_cols(2, 16, 132) == 8  # B = 1: 32 programs
-    assert tga.merge_cols(16, 16, 132) == 8  # B = 8: 256
-    assert tga.merge_cols(64, 16, 132) == 16  # B = 32: 1024 at 8 channels, 512 at 16
-    assert tga.merge_cols(128, 16, 132) == 32  # B = 64: 512 at 32 channels
-    assert tga.merge_cols(512, 16, 132) == 32  # B = 256: more than four an SM at any width
-    assert tga.merge_cols(33, 64, 132) == 32  # 64-row tiles: four row groups a tile
-    assert tga.merge_cols(2, 16, 0) == 32
+    assert tga.merge_cols(2, 16, 128, 132) == 8  # B = 1: 32 programs
+    assert tga.merge_cols(16, 16, 128, 132) == 8  # B = 8: 256
+    assert tga.merge_cols(64, 16, 128, 132) == 16  # B = 32: 1024 at 8 channels, 512 at 16
+    assert tga.merge_cols(128, 16, 128, 132) == 32  # B = 64: 512 at 32 channels
+    assert tga.merge_cols(512, 16, 128, 132) == 32  # B = 256: more than four an SM at any width
+    assert tga.merge_cols(33, 64, 128, 132) == 32  # 64-row tiles: four row groups a tile
+    assert tga.merge_cols(2, 16, 128, 0) == 32
     assert _split_decode_plan(8192).merge_cols == 32  # CPU
     assert _split_decode_plan(8192, {"merge_cols": 8}).merge_cols == 8
 

@@ -351,8 +351,8 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
         plan.partials = (part_m, torch.empty_like(part_m), part_o)
         plan.merge_stages = int(cfg.get("merge_stages", 1))
         cols = int(cfg["merge_cols"])
-        plan.merge_cols = cols if cols > 0 else merge_cols(table.shape[0] * Hkv, block_m,
-                                                           _sms(q.device))  # fmt: skip
+        plan.merge_cols = cols if cols > 0 else merge_cols(
+            table.shape[0] * Hkv, meta["BLOCK_M"], meta["BLOCK_D"], _sms(q.device))
         plan.merge_warps = int(cfg["merge_warps"])
         ahead = int(cfg["merge_ahead"])  # (-1 from _defaults unless the config says)
         plan.merge_ahead = bool(ahead if ahead >= 0 else n_chunks > AHEAD_FROM_CHUNKS)
@@ -364,17 +364,25 @@ def plan_forward(config, q, k, positions, seq, block_rows, *, layer, window, sca
     return plan
 
 
-def merge_cols(tiles: int, block_m: int, sms: int) -> int:
-    """The split merge's channels a program (merge_cols -1): the fewest of 8, 16, 32 that
-    leave at most four merge programs an SM, else 32. A merge program's time is a chain of
-    loads and merges, so more, narrower programs finish sooner until they queue. On an H100
-    (attention_decode_merge_cuts_reverted_h100.json, 2 warps, every row equal in bits) the
-    merge took 6.69 us with 8 channels against 15.84 with 32 at B = 1, L = 32768 (32 against
-    8 programs; 0.389 -> 0.572 of the copy rate), 12.21 against 16.96 at B = 8, and 3.27 /
-    4.30 against 5.63 / 6.05 at B = 1 / 8, L = 8192; at B = 64 (1024 tiles and KV heads) 32
-    channels stayed fastest (30.97 against 40.28 us at L = 32768)."""
+def merge_cut(block_m: int, block_d: int, merge_cols: int) -> tuple[int, int, int]:
+    """(rows, channels, programs) of one tile and KV head in the split merge's grid."""
+    rows = min(MERGE_ROWS, block_m)
+    cols = min(merge_cols, block_d)
+    return rows, cols, (block_m // rows) * (block_d // cols)
+
+
+def merge_cols(tiles: int, block_m: int, block_d: int, sms: int) -> int:
+    """The split merge's channels a program (merge_cols -1) for ``tiles`` tiles and KV
+    heads: the fewest of 8, 16, 32 that leave at most four merge programs an SM, else 32. A
+    merge program's time is a chain of loads and merges, so more, narrower programs finish
+    sooner until they queue. On an H100 (attention_decode_merge_cuts_reverted_h100.json, 2
+    warps, every row equal in bits) the merge took 6.69 us with 8 channels against 15.84 with
+    32 at B = 1, L = 32768 (32 against 8 programs; 0.389 -> 0.572 of the copy rate), 12.21
+    against 16.96 at B = 8, and 3.27 / 4.30 against 5.63 / 6.05 at B = 1 / 8, L = 8192; at
+    B = 64 (128 tiles and KV heads: 2048 programs at 8 channels, 512 at 32) 32 channels
+    stayed fastest (30.97 against 40.28 us at L = 32768)."""
     for cols in (8, 16, 32):
-        if tiles * max(1, block_m // MERGE_ROWS) * (128 // cols) <= 4 * sms:
+        if tiles * merge_cut(block_m, block_d, cols)[2] <= 4 * sms:
             return cols
     return MERGE_COLS
 
@@ -431,9 +439,8 @@ def run_forward(plan: ForwardPlan, q, k, v, gate, positions, block_rows, key_len
                ROWS_FIRST=plan.rows_first, **plan.meta)  # fmt: skip
         if merge_in:
             return
-        rows = min(MERGE_ROWS, plan.meta["BLOCK_M"])
-        cols = min(plan.merge_cols, plan.meta["BLOCK_D"])
-        parts = (plan.meta["BLOCK_M"] // rows) * (plan.meta["BLOCK_D"] // cols)
+        rows, cols, parts = merge_cut(plan.meta["BLOCK_M"], plan.meta["BLOCK_D"],
+                                      plan.merge_cols)
         meta = {**plan.meta, "num_warps": plan.merge_warps, "num_stages": plan.merge_stages}
         launch(kk._attn_merge_kernel, (n, Hkv, parts), gate, positions, key_len, plan.table,
                part_m, part_l, part_o, out, attn, lse, T, Hq, Hkv, G, D, plan.n_chunks,
